@@ -1,0 +1,419 @@
+// Package controlplane runs a real Kubernetes control plane for nodekit's tests: etcd
+// (embedded-etcd main from upstream/cmd/etcd), kube-apiserver and, when asked,
+// kube-controller-manager, all built by hack/build-peers.sh at v1.37.2 and listening on
+// loopback at random ports.
+//
+// The API server runs with --authorization-mode=Node,RBAC and the NodeRestriction
+// admission plugin, and trusts a test CA for client certificates. NodeClient hands out a
+// client whose certificate says CN=system:node:NAME, O=system:nodes: the Node authorizer
+// and NodeRestriction judge it exactly as they judge a real kubelet.
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/nodekit-dev/nodekit/internal/testenv"
+)
+
+// Options select what runs beside etcd and kube-apiserver.
+type Options struct {
+	// ControllerManager starts kube-controller-manager with the node-lifecycle,
+	// endpointslice and serviceaccount controllers.
+	ControllerManager bool
+	// NodeMonitorGracePeriod is kube-controller-manager's --node-monitor-grace-period.
+	// Zero means 10s (upstream's default is 50s; tests want it short).
+	NodeMonitorGracePeriod time.Duration
+	// NodeMonitorPeriod is kube-controller-manager's --node-monitor-period. Zero means 1s.
+	NodeMonitorPeriod time.Duration
+}
+
+// ServiceCIDR is the --service-cluster-ip-range the API server allocates ClusterIPs from.
+const ServiceCIDR = "10.96.0.0/16"
+
+const startTimeout = 60 * time.Second
+
+// ControlPlane is a running etcd + kube-apiserver (+ kube-controller-manager).
+type ControlPlane struct {
+	opts         Options
+	dir          string
+	ca           *authority
+	apiPort      int
+	kcmPort      int
+	etcdPeerPort int
+	etcdURL      string
+
+	adminConfig *rest.Config
+	admin       kubernetes.Interface
+
+	mu        sync.Mutex
+	etcd      *testenv.Process
+	apiserver *testenv.Process
+	kcm       *testenv.Process
+}
+
+// Start starts a control plane for tb and stops it, removing all its state, on
+// tb.Cleanup. A missing peer binary ends the test through testenv.Unavailable.
+func Start(tb testing.TB, opts Options) *ControlPlane {
+	tb.Helper()
+	testenv.RequireLong(tb)
+	bins := map[string]string{}
+	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager"} {
+		bins[name] = testenv.PeerBinary(tb, name)
+	}
+	if opts.NodeMonitorGracePeriod == 0 {
+		opts.NodeMonitorGracePeriod = 10 * time.Second
+	}
+	if opts.NodeMonitorPeriod == 0 {
+		opts.NodeMonitorPeriod = time.Second
+	}
+
+	dir, err := os.MkdirTemp("", "nodekit-controlplane-")
+	if err != nil {
+		tb.Fatalf("control plane: %v", err)
+	}
+	cp := &ControlPlane{opts: opts, dir: dir}
+	tb.Cleanup(cp.stop)
+
+	begin := time.Now()
+	if err := cp.setup(); err != nil {
+		tb.Fatalf("control plane: %v", err)
+	}
+	if err := cp.startEtcd(bins["etcd"]); err != nil {
+		tb.Fatalf("control plane: %v", err)
+	}
+	etcdReady := time.Since(begin)
+	if err := cp.startAPIServer(bins["kube-apiserver"]); err != nil {
+		tb.Fatalf("control plane: %v", err)
+	}
+	apiReady := time.Since(begin)
+	if err := cp.bootstrap(); err != nil {
+		tb.Fatalf("control plane: %v", err)
+	}
+	msg := fmt.Sprintf("control plane: etcd ready in %s, kube-apiserver /readyz in %s", etcdReady.Round(time.Millisecond), (apiReady - etcdReady).Round(time.Millisecond))
+	if opts.ControllerManager {
+		kcmBegin := time.Now()
+		if err := cp.startControllerManager(bins["kube-controller-manager"]); err != nil {
+			tb.Fatalf("control plane: %v", err)
+		}
+		msg += fmt.Sprintf(", kube-controller-manager /healthz in %s", time.Since(kcmBegin).Round(time.Millisecond))
+	}
+	tb.Logf("%s (total %s)", msg, time.Since(begin).Round(time.Millisecond))
+	return cp
+}
+
+func (cp *ControlPlane) setup() error {
+	ca, err := newAuthority()
+	if err != nil {
+		return err
+	}
+	cp.ca = ca
+	for _, d := range []string{"etcd", "apiserver-certs", "logs"} {
+		if err := os.MkdirAll(filepath.Join(cp.dir, d), 0o700); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(cp.path("ca.crt"), ca.certPEM, 0o600); err != nil {
+		return err
+	}
+	if err := writeServiceAccountKey(cp.path("sa.key")); err != nil {
+		return err
+	}
+	ports, err := testenv.FreePorts(4)
+	if err != nil {
+		return err
+	}
+	cp.etcdURL = "http://127.0.0.1:" + strconv.Itoa(ports[0])
+	cp.apiPort, cp.kcmPort = ports[2], ports[3]
+
+	certPEM, keyPEM, err := ca.clientCert("nodekit-admin", "system:masters")
+	if err != nil {
+		return err
+	}
+	// The admin clientset is made once kube-apiserver has written the serving
+	// certificate it verifies against (see readyz).
+	cp.adminConfig = cp.restConfig(certPEM, keyPEM)
+	if err := cp.writeKubeconfig(cp.path("admin.kubeconfig"), certPEM, keyPEM); err != nil {
+		return err
+	}
+	cp.etcdPeerPort = ports[1]
+	return nil
+}
+
+func (cp *ControlPlane) path(name string) string { return filepath.Join(cp.dir, name) }
+
+// URL is the API server's address, https://127.0.0.1:PORT.
+func (cp *ControlPlane) URL() string { return "https://127.0.0.1:" + strconv.Itoa(cp.apiPort) }
+
+// Dir is the folder holding the control plane's state and logs (logs/*.log).
+func (cp *ControlPlane) Dir() string { return cp.dir }
+
+func (cp *ControlPlane) restConfig(certPEM, keyPEM []byte) *rest.Config {
+	return &rest.Config{
+		Host: cp.URL(),
+		TLSClientConfig: rest.TLSClientConfig{
+			// The serving certificate is the one kube-apiserver made itself in --cert-dir;
+			// it is read once it exists (see startAPIServer).
+			CAFile:   filepath.Join(cp.dir, "apiserver-certs", "apiserver.crt"),
+			CertData: certPEM,
+			KeyData:  keyPEM,
+		},
+		QPS:   -1, // no client-side rate limit: tests measure the server, not the limiter
+		Burst: -1,
+	}
+}
+
+func (cp *ControlPlane) writeKubeconfig(path string, certPEM, keyPEM []byte) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["test"] = &clientcmdapi.Cluster{
+		Server:               cp.URL(),
+		CertificateAuthority: filepath.Join(cp.dir, "apiserver-certs", "apiserver.crt"),
+	}
+	cfg.AuthInfos["user"] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "user"}
+	cfg.CurrentContext = "test"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+func (cp *ControlPlane) startEtcd(bin string) error {
+	hostport := strings.TrimPrefix(cp.etcdURL, "http://")
+	p, err := testenv.StartProcess("etcd", cp.path("logs/etcd.log"), nil, bin,
+		"--data-dir="+cp.path("etcd"),
+		"--listen-client-urls="+cp.etcdURL,
+		"--listen-peer-urls=http://127.0.0.1:"+strconv.Itoa(cp.etcdPeerPort),
+		"--unsafe-no-fsync",
+	)
+	if err != nil {
+		return err
+	}
+	cp.etcd = p
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	return p.WaitFor(ctx, 50*time.Millisecond, func(ctx context.Context) error {
+		c, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, "tcp", hostport)
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+}
+
+func (cp *ControlPlane) apiserverArgs() []string {
+	return []string{
+		"--etcd-servers=" + cp.etcdURL,
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(cp.apiPort),
+		"--cert-dir=" + cp.path("apiserver-certs"),
+		"--client-ca-file=" + cp.path("ca.crt"),
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		"--endpoint-reconciler-type=none",
+		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file=" + cp.path("sa.key"),
+		"--service-account-signing-key-file=" + cp.path("sa.key"),
+		"--allow-privileged=true",
+	}
+}
+
+func (cp *ControlPlane) startAPIServer(bin string) error {
+	p, err := testenv.StartProcess("kube-apiserver", cp.path("logs/kube-apiserver.log"), nil, bin, cp.apiserverArgs()...)
+	if err != nil {
+		return err
+	}
+	cp.mu.Lock()
+	cp.apiserver = p
+	cp.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	return p.WaitFor(ctx, 100*time.Millisecond, cp.readyz)
+}
+
+// readyz asks /readyz as the admin, verifying the serving certificate the API server made.
+func (cp *ControlPlane) readyz(ctx context.Context) error {
+	if _, err := os.Stat(cp.adminConfig.CAFile); err != nil {
+		return fmt.Errorf("serving certificate not written yet: %w", err)
+	}
+	if cp.admin == nil {
+		admin, err := kubernetes.NewForConfig(cp.adminConfig)
+		if err != nil {
+			return err
+		}
+		cp.admin = admin
+	}
+	body, err := cp.admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	if err != nil {
+		return fmt.Errorf("/readyz: %w (%s)", err, body)
+	}
+	if string(body) != "ok" {
+		return fmt.Errorf("/readyz said %q", body)
+	}
+	return nil
+}
+
+// bootstrap creates what a cluster's add-ons would: the default service account, so
+// pods can be created before (or without) kube-controller-manager.
+func (cp *ControlPlane) bootstrap() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: metav1.NamespaceDefault}}
+	for {
+		_, err := cp.admin.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Create(ctx, sa, metav1.CreateOptions{})
+		if err == nil || apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		// The default namespace appears a moment after /readyz.
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("create default service account: %w", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (cp *ControlPlane) startControllerManager(bin string) error {
+	kubeconfig := cp.path("admin.kubeconfig")
+	p, err := testenv.StartProcess("kube-controller-manager", cp.path("logs/kube-controller-manager.log"), nil, bin,
+		"--kubeconfig="+kubeconfig,
+		"--authentication-kubeconfig="+kubeconfig,
+		"--authorization-kubeconfig="+kubeconfig,
+		"--bind-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(cp.kcmPort),
+		"--cert-dir="+cp.path("kcm-certs"),
+		"--leader-elect=false",
+		"--controllers=node-lifecycle-controller,endpointslice-controller,serviceaccount-controller",
+		"--node-monitor-period="+cp.opts.NodeMonitorPeriod.String(),
+		"--node-monitor-grace-period="+cp.opts.NodeMonitorGracePeriod.String(),
+		"--service-account-private-key-file="+cp.path("sa.key"),
+	)
+	if err != nil {
+		return err
+	}
+	cp.mu.Lock()
+	cp.kcm = p
+	cp.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	// kube-controller-manager serves /healthz with its own self-signed certificate and
+	// allows /healthz without authentication, so a plain TLS GET is enough.
+	hc := healthClient()
+	url := "https://127.0.0.1:" + strconv.Itoa(cp.kcmPort) + "/healthz"
+	return p.WaitFor(ctx, 100*time.Millisecond, func(ctx context.Context) error { return getOK(ctx, hc, url) })
+}
+
+// AdminConfig is a client configuration in system:masters.
+func (cp *ControlPlane) AdminConfig() *rest.Config { return rest.CopyConfig(cp.adminConfig) }
+
+// AdminClient is a clientset in system:masters.
+func (cp *ControlPlane) AdminClient() kubernetes.Interface { return cp.admin }
+
+// NodeConfig is a client configuration whose identity is system:node:NAME in group
+// system:nodes, the identity a kubelet on that node has.
+func (cp *ControlPlane) NodeConfig(nodeName string) *rest.Config {
+	certPEM, keyPEM, err := cp.ca.clientCert("system:node:"+nodeName, "system:nodes")
+	if err != nil {
+		// Only crypto/rand failing gets here; there is nothing a test could do.
+		panic(fmt.Sprintf("control plane: node certificate for %s: %v", nodeName, err))
+	}
+	return cp.restConfig(certPEM, keyPEM)
+}
+
+// NodeClient is a clientset with the identity of the kubelet on nodeName.
+func (cp *ControlPlane) NodeClient(nodeName string) kubernetes.Interface {
+	return kubernetes.NewForConfigOrDie(cp.NodeConfig(nodeName))
+}
+
+// CreateNode registers a Node named name with that node's own identity, as a kubelet
+// does, and returns it.
+func (cp *ControlPlane) CreateNode(tb testing.TB, name string) *corev1.Node {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name:   name,
+		Labels: map[string]string{corev1.LabelHostname: name},
+	}}
+	created, err := cp.NodeClient(name).CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		tb.Fatalf("control plane: create node %s as system:node:%s: %v", name, name, err)
+	}
+	return created
+}
+
+// StopAPIServer stops kube-apiserver (SIGTERM, then SIGKILL after 10s); etcd keeps running.
+func (cp *ControlPlane) StopAPIServer(tb testing.TB) {
+	tb.Helper()
+	cp.mu.Lock()
+	p := cp.apiserver
+	cp.apiserver = nil
+	cp.mu.Unlock()
+	if p == nil {
+		tb.Fatalf("control plane: kube-apiserver is not running")
+	}
+	p.Stop(10 * time.Second)
+}
+
+// StartAPIServer starts kube-apiserver again on the same port with the same flags and
+// waits until /readyz answers.
+func (cp *ControlPlane) StartAPIServer(tb testing.TB) {
+	tb.Helper()
+	begin := time.Now()
+	if err := cp.startAPIServer(testenv.PeerBinary(tb, "kube-apiserver")); err != nil {
+		tb.Fatalf("control plane: restart kube-apiserver: %v", err)
+	}
+	tb.Logf("control plane: kube-apiserver restarted, /readyz in %s", time.Since(begin).Round(time.Millisecond))
+}
+
+// StopControllerManager stops kube-controller-manager.
+func (cp *ControlPlane) StopControllerManager(tb testing.TB) {
+	tb.Helper()
+	cp.mu.Lock()
+	p := cp.kcm
+	cp.kcm = nil
+	cp.mu.Unlock()
+	if p == nil {
+		tb.Fatalf("control plane: kube-controller-manager is not running")
+	}
+	p.Stop(10 * time.Second)
+}
+
+// StartControllerManager starts kube-controller-manager (again) with the same flags.
+func (cp *ControlPlane) StartControllerManager(tb testing.TB) {
+	tb.Helper()
+	if err := cp.startControllerManager(testenv.PeerBinary(tb, "kube-controller-manager")); err != nil {
+		tb.Fatalf("control plane: start kube-controller-manager: %v", err)
+	}
+}
+
+func (cp *ControlPlane) stop() {
+	cp.mu.Lock()
+	procs := []*testenv.Process{cp.kcm, cp.apiserver, cp.etcd}
+	cp.kcm, cp.apiserver, cp.etcd = nil, nil, nil
+	cp.mu.Unlock()
+	for _, p := range procs {
+		if p != nil {
+			p.Stop(10 * time.Second)
+		}
+	}
+	if err := os.RemoveAll(cp.dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(os.Stderr, "control plane: remove %s: %v\n", cp.dir, err)
+	}
+}
