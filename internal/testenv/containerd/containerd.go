@@ -1,0 +1,704 @@
+// Package containerd starts a private containerd (with runc, and optionally CNI and a
+// loopback image registry) for one test, so CRI code is exercised against the real
+// runtime rather than a mock.
+//
+// # Prerequisites
+//
+// Root, and what hack/setup-containerd.sh installs and builds: containerd, runc,
+// containernetworking-plugins (/usr/lib/cni), docker-registry and skopeo from apt, and the
+// pause and busybox OCI image tars in the folder the script prints, which the test
+// command exports as NODEKIT_IMAGES_DIR. A missing prerequisite ends the test through
+// testenv.Unavailable: a skip on a casual run, a failure under CI=true.
+//
+// # What each run gets
+//
+// A temporary folder under /tmp holding containerd's root, state, sockets, runc root, CNI
+// configuration and IPAM data, and its log. The CRI plugin is configured the way
+// RECIPES.md measured to work on these machines (restrict_oom_score_adj is required
+// without CAP_SYS_RESOURCE). With Options.CNI a bridge + host-local conflist is written
+// before containerd starts; its /24 and bridge name are unique on the machine for the
+// run's lifetime (an flock per subnet), so parallel test binaries do not clash. The
+// bridge and the pods' veths live in the root network namespace: that is what containerd's
+// CNI does on a real node. Without Options.CNI the runtime reports NetworkReady=false,
+// as on a node whose network plugin never started. Options.Registry adds Debian's
+// docker-registry on 127.0.0.1 holding the busybox image (Options.RegistryAuth puts it
+// behind basic auth), so image pulls are real.
+//
+// # Cleanup
+//
+// On test cleanup every pod sandbox is stopped and removed through CRI (so CNI releases
+// veths and addresses), containerd is stopped, shims it started are killed by PID, mounts
+// under the run's folder are detached, the bridge the run named is deleted and the folder
+// is removed.
+package containerd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/nodekit-dev/nodekit/internal/testenv"
+)
+
+// Options selects the optional parts of a run.
+type Options struct {
+	// CNI writes a bridge + host-local network config so pod sandboxes get an IP.
+	// Without it the runtime reports NetworkReady=false and RunPodSandbox fails unless
+	// the pod uses the host network.
+	CNI bool
+	// Registry starts Debian's docker-registry on a random 127.0.0.1 port and pushes the
+	// busybox image to it, so pulls (RegistryImage) go over the wire for real.
+	Registry bool
+	// RegistryAuth makes the registry (implied) require basic auth with
+	// RegistryCredentials, so pulls without credentials fail with 401.
+	RegistryAuth bool
+}
+
+// The registry's fixed test credentials. The htpasswd line is a bcrypt hash (cost 4)
+// of the password, made once for this fixture.
+const (
+	registryUser     = "nodekit"
+	registryPassword = "nodekit-test-password"
+	registryHtpasswd = "nodekit:$2b$04$9Qyu5udccVzrodpqeCB2T.AFHA3gCsM6lpTZXZH1d4WP3/RPggcTq\n"
+)
+
+// Containerd is one running containerd. Its methods are safe to call from the test's
+// goroutine; Kill and Restart are for crash-recovery tests.
+type Containerd struct {
+	opts    Options
+	dir     string
+	bin     string
+	config  string
+	address string
+	proc    *testenv.Process
+	images  images
+
+	bridge string
+	subnet *net.IPNet
+	lock   *os.File
+
+	registryHost string
+	registry     *testenv.Process
+}
+
+type images struct {
+	pause, busybox       string
+	pauseTar, busyboxTar string
+}
+
+// readyTimeout bounds containerd's start-up (measured 0.3 to 0.6 s here).
+const readyTimeout = 30 * time.Second
+
+// Start starts a containerd for tb and registers its cleanup.
+func Start(tb testing.TB, opts Options) *Containerd {
+	tb.Helper()
+	testenv.RequireRoot(tb)
+	if opts.RegistryAuth {
+		opts.Registry = true
+	}
+	c := &Containerd{opts: opts}
+	c.bin = testenv.LookPath(tb, "containerd")
+	testenv.LookPath(tb, "ctr")
+	testenv.LookPath(tb, "runc")
+	testenv.LookPath(tb, "containerd-shim-runc-v2")
+	if opts.CNI {
+		for _, p := range []string{"bridge", "host-local", "loopback"} {
+			if _, err := os.Stat(filepath.Join(cniBinDir, p)); err != nil {
+				testenv.Unavailable(tb, "CNI plugin %s missing in %s (apt-get install containernetworking-plugins)", p, cniBinDir)
+			}
+		}
+	}
+	if opts.Registry {
+		testenv.LookPath(tb, "docker-registry")
+		testenv.LookPath(tb, "skopeo")
+	}
+	c.images = loadImages(tb)
+
+	// A short path: unix socket paths are limited to 108 bytes.
+	dir, err := os.MkdirTemp("", "nkctd-")
+	if err != nil {
+		tb.Fatalf("containerd: temp dir: %v", err)
+	}
+	c.dir = dir
+	tb.Cleanup(c.cleanup(tb))
+	c.address = filepath.Join(dir, "containerd.sock")
+
+	if opts.CNI {
+		if err := c.pickNetwork(); err != nil {
+			tb.Fatalf("containerd: %v", err)
+		}
+		if err := c.writeCNIConfig(); err != nil {
+			tb.Fatalf("containerd: %v", err)
+		}
+	}
+	if opts.Registry {
+		if err := c.startRegistry(tb); err != nil {
+			tb.Fatalf("containerd: %v", err)
+		}
+	}
+	if err := c.writeConfig(); err != nil {
+		tb.Fatalf("containerd: %v", err)
+	}
+	start := time.Now()
+	if err := c.start(tb); err != nil {
+		tb.Fatalf("containerd: %v", err)
+	}
+	tb.Logf("containerd ready in %s (%s)", time.Since(start).Round(time.Millisecond), c.Endpoint())
+	if err := c.importImages(tb); err != nil {
+		tb.Fatalf("containerd: %v", err)
+	}
+	return c
+}
+
+const cniBinDir = "/usr/lib/cni"
+
+// Endpoint is the CRI endpoint, unix:///path/containerd.sock.
+func (c *Containerd) Endpoint() string { return "unix://" + c.address }
+
+// Address is the path of containerd's gRPC socket.
+func (c *Containerd) Address() string { return c.address }
+
+// Dir is the run's folder (root, state, log, CNI config).
+func (c *Containerd) Dir() string { return c.dir }
+
+// LogPath is containerd's log file.
+func (c *Containerd) LogPath() string { return filepath.Join(c.dir, "containerd.log") }
+
+// PauseImage is the sandbox image containerd is configured with, already imported.
+func (c *Containerd) PauseImage() string { return c.images.pause }
+
+// BusyboxImage is a busybox image already present in containerd (imported, not pulled).
+func (c *Containerd) BusyboxImage() string { return c.images.busybox }
+
+// Subnet is the pods' /24 with Options.CNI, nil otherwise.
+func (c *Containerd) Subnet() *net.IPNet { return c.subnet }
+
+// Bridge is the name of the CNI bridge with Options.CNI, "" otherwise.
+func (c *Containerd) Bridge() string { return c.bridge }
+
+// RegistryHost is host:port of the loopback registry with Options.Registry, "" otherwise.
+func (c *Containerd) RegistryHost() string { return c.registryHost }
+
+// RegistryCredentials are the user and password the registry requires with
+// Options.RegistryAuth; both are "" otherwise.
+func (c *Containerd) RegistryCredentials() (user, password string) {
+	if !c.opts.RegistryAuth {
+		return "", ""
+	}
+	return registryUser, registryPassword
+}
+
+// RegistryImage is the busybox image's name in the loopback registry; pulling it is a
+// real pull over HTTP. It is "" without Options.Registry.
+func (c *Containerd) RegistryImage() string {
+	if c.registryHost == "" {
+		return ""
+	}
+	return c.registryHost + "/nodekit/busybox:1.35.0"
+}
+
+// Conn dials the CRI socket; the connection closes on test cleanup.
+func (c *Containerd) Conn(tb testing.TB) *grpc.ClientConn {
+	tb.Helper()
+	conn, err := grpc.NewClient("unix://"+c.address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tb.Fatalf("containerd: dial %s: %v", c.address, err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// Kill ends containerd with SIGKILL, as a crash would. Shims and containers live on.
+func (c *Containerd) Kill() {
+	if c.proc != nil {
+		c.proc.Kill()
+	}
+}
+
+// Restart starts containerd again with the same configuration after Kill (or stops it
+// first if it still runs) and waits until CRI answers.
+func (c *Containerd) Restart(tb testing.TB) {
+	tb.Helper()
+	if c.proc != nil {
+		c.proc.Stop(10 * time.Second)
+	}
+	start := time.Now()
+	if err := c.start(tb); err != nil {
+		tb.Fatalf("containerd: restart: %v", err)
+	}
+	tb.Logf("containerd restarted, ready in %s", time.Since(start).Round(time.Millisecond))
+}
+
+func (c *Containerd) start(tb testing.TB) error {
+	// A socket left by a killed containerd makes the readiness check race the new one.
+	_ = os.Remove(c.address)
+	p, err := testenv.StartProcess("containerd", c.LogPath(), nil, c.bin, "--config", c.config)
+	if err != nil {
+		return err
+	}
+	c.proc = p
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	return p.WaitFor(ctx, 50*time.Millisecond, c.criReady)
+}
+
+// criReady succeeds once the CRI plugin answers Status with RuntimeReady=true.
+func (c *Containerd) criReady(ctx context.Context) error {
+	if _, err := os.Stat(c.address); err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient("unix://"+c.address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := runtimeapi.NewRuntimeServiceClient(conn).Status(ctx, &runtimeapi.StatusRequest{})
+	if err != nil {
+		return err
+	}
+	for _, cond := range resp.GetStatus().GetConditions() {
+		if cond.GetType() == runtimeapi.RuntimeReady && cond.GetStatus() {
+			return nil
+		}
+	}
+	return fmt.Errorf("RuntimeReady is not true: %v", resp.GetStatus())
+}
+
+func loadImages(tb testing.TB) images {
+	tb.Helper()
+	dir := os.Getenv("NODEKIT_IMAGES_DIR")
+	if dir == "" {
+		testenv.Unavailable(tb, "NODEKIT_IMAGES_DIR is unset: export NODEKIT_IMAGES_DIR=$(hack/setup-containerd.sh)")
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "images.tsv"))
+	if err != nil {
+		testenv.Unavailable(tb, "NODEKIT_IMAGES_DIR=%s has no images.tsv (run hack/setup-containerd.sh): %v", dir, err)
+	}
+	var im images
+	for line := range strings.Lines(string(b)) {
+		f := strings.Split(strings.TrimSpace(line), "\t")
+		if len(f) != 3 {
+			continue
+		}
+		tar := filepath.Join(dir, f[2])
+		if _, err := os.Stat(tar); err != nil {
+			testenv.Unavailable(tb, "image tar %s missing (run hack/setup-containerd.sh)", tar)
+		}
+		switch f[0] {
+		case "pause":
+			im.pause, im.pauseTar = f[1], tar
+		case "busybox":
+			im.busybox, im.busyboxTar = f[1], tar
+		}
+	}
+	if im.pause == "" || im.busybox == "" {
+		testenv.Unavailable(tb, "%s/images.tsv lacks the pause or busybox image (run hack/setup-containerd.sh)", dir)
+	}
+	return im
+}
+
+func (c *Containerd) writeConfig() error {
+	var b strings.Builder
+	q := strconv.Quote
+	fmt.Fprintf(&b, "version = 2\nroot = %s\nstate = %s\n", q(filepath.Join(c.dir, "root")), q(filepath.Join(c.dir, "state")))
+	fmt.Fprintf(&b, "[grpc]\n  address = %s\n", q(c.address))
+	fmt.Fprintf(&b, "[ttrpc]\n  address = %s\n", q(c.address+".ttrpc"))
+	b.WriteString("[plugins]\n")
+	// The opt plugin would otherwise write to /opt/containerd.
+	fmt.Fprintf(&b, "  [plugins.\"io.containerd.internal.v1.opt\"]\n    path = %s\n", q(filepath.Join(c.dir, "opt")))
+	cri := `  [plugins."io.containerd.grpc.v1.cri"]`
+	fmt.Fprintf(&b, "%s\n    sandbox_image = %s\n", cri, q(c.images.pause))
+	b.WriteString("    stream_server_address = \"127.0.0.1\"\n    stream_server_port = \"0\"\n")
+	b.WriteString("    disable_apparmor = true\n    restrict_oom_score_adj = true\n")
+	b.WriteString("    netns_mounts_under_state_dir = true\n    enable_selinux = false\n")
+	fmt.Fprintf(&b, "%s.containerd]\n      snapshotter = \"overlayfs\"\n      default_runtime_name = \"runc\"\n", cri[:len(cri)-1])
+	fmt.Fprintf(&b, "%s.containerd.runtimes.runc]\n      runtime_type = \"io.containerd.runc.v2\"\n", cri[:len(cri)-1])
+	fmt.Fprintf(&b, "%s.containerd.runtimes.runc.options]\n      SystemdCgroup = false\n      Root = %s\n",
+		cri[:len(cri)-1], q(filepath.Join(c.dir, "runc")))
+	fmt.Fprintf(&b, "%s.cni]\n      bin_dir = %s\n      conf_dir = %s\n      max_conf_num = 1\n",
+		cri[:len(cri)-1], q(cniBinDir), q(filepath.Join(c.dir, "cni")))
+	fmt.Fprintf(&b, "%s.registry]\n      config_path = %s\n", cri[:len(cri)-1], q(filepath.Join(c.dir, "certs.d")))
+	for _, d := range []string{"cni", "certs.d", "runc", "opt"} {
+		if err := os.MkdirAll(filepath.Join(c.dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	crictl := fmt.Sprintf("runtime-endpoint: %s\nimage-endpoint: %s\ntimeout: 30\n", c.Endpoint(), c.Endpoint())
+	if err := os.WriteFile(filepath.Join(c.dir, "crictl.yaml"), []byte(crictl), 0o644); err != nil {
+		return err
+	}
+	c.config = filepath.Join(c.dir, "config.toml")
+	return os.WriteFile(c.config, []byte(b.String()), 0o644)
+}
+
+// Subnets come from 10.222.0.0/16, one /24 per run. An flock on a file per /24 keeps
+// parallel test binaries apart; a /24 that overlaps a route already in the root
+// namespace is skipped.
+const (
+	subnetLockDir = "/run/lock"
+	bridgePrefix  = "nkctd"
+)
+
+func (c *Containerd) pickNetwork() error {
+	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list routes: %w", err)
+	}
+	seed := os.Getpid() + int(time.Now().UnixNano()%251)
+	for i := range 254 {
+		n := 1 + (seed+i)%254
+		_, subnet, _ := net.ParseCIDR(fmt.Sprintf("10.222.%d.0/24", n))
+		if overlaps(subnet, routes) {
+			continue
+		}
+		bridge := fmt.Sprintf("%s%d", bridgePrefix, n)
+		f, err := os.OpenFile(filepath.Join(subnetLockDir, fmt.Sprintf("nodekit-containerd-cni-%d.lock", n)), os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			return fmt.Errorf("subnet lock: %w", err)
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			continue
+		}
+		if _, err := netlink.LinkByName(bridge); err == nil {
+			// Left behind by a run that crashed: not ours to remove.
+			f.Close()
+			continue
+		}
+		c.lock, c.subnet, c.bridge = f, subnet, bridge
+		return nil
+	}
+	return errors.New("no free /24 in 10.222.0.0/16 for the CNI bridge")
+}
+
+func overlaps(subnet *net.IPNet, routes []netlink.Route) bool {
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue // the default route
+		}
+		if ones, _ := r.Dst.Mask.Size(); ones == 0 {
+			continue // the default route, as newer netlink reports it
+		}
+		if r.Dst.Contains(subnet.IP) || subnet.Contains(r.Dst.IP) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Containerd) writeCNIConfig() error {
+	// cniVersion 0.4.0: what the bridge plugin of containernetworking-plugins 1.1.1 and
+	// containerd 1.6's go-cni handle best. No ipMasq and no portmap: they would add
+	// iptables rules to the root namespace.
+	conf := fmt.Sprintf(`{
+  "cniVersion": "0.4.0",
+  "name": "nodekit-%[1]s",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": %[1]q,
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": %[2]q}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": %[3]q
+      }
+    }
+  ]
+}
+`, c.bridge, c.subnet.String(), filepath.Join(c.dir, "cni-ipam"))
+	if err := os.MkdirAll(filepath.Join(c.dir, "cni"), 0o755); err != nil {
+		return err
+	}
+	// Written before containerd starts: a file moved in later was not noticed (RECIPES.md).
+	return os.WriteFile(filepath.Join(c.dir, "cni", "10-nodekit.conflist"), []byte(conf), 0o644)
+}
+
+func (c *Containerd) importImages(tb testing.TB) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	for _, tar := range []string{c.images.pauseTar, c.images.busyboxTar} {
+		out, err := exec.CommandContext(ctx, "ctr", "--address", c.address, "--namespace", "k8s.io", "images", "import", tar).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ctr images import %s: %v\n%s", tar, err, out)
+		}
+	}
+	tb.Logf("containerd: imported %s and %s in %s", c.images.pause, c.images.busybox, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+func (c *Containerd) startRegistry(tb testing.TB) error {
+	ports, err := testenv.FreePorts(1)
+	if err != nil {
+		return err
+	}
+	c.registryHost = fmt.Sprintf("127.0.0.1:%d", ports[0])
+	cfg := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n",
+		filepath.Join(c.dir, "registry"), c.registryHost)
+	if c.opts.RegistryAuth {
+		htpasswd := filepath.Join(c.dir, "registry.htpasswd")
+		if err := os.WriteFile(htpasswd, []byte(registryHtpasswd), 0o600); err != nil {
+			return err
+		}
+		cfg += fmt.Sprintf("auth:\n  htpasswd:\n    realm: nodekit\n    path: %s\n", htpasswd)
+	}
+	cfgPath := filepath.Join(c.dir, "registry.yml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		return err
+	}
+	p, err := testenv.StartProcess("docker-registry", filepath.Join(c.dir, "registry.log"), nil, "docker-registry", "serve", cfgPath)
+	if err != nil {
+		return err
+	}
+	c.registry = p
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	start := time.Now()
+	url := "http://" + c.registryHost + "/v2/"
+	if err := p.WaitFor(ctx, 50*time.Millisecond, func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK && !(c.opts.RegistryAuth && resp.StatusCode == http.StatusUnauthorized) {
+			return fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	// containerd treats 127.0.0.1 as plain HTTP already; the hosts.toml says so explicitly.
+	hostDir := filepath.Join(c.dir, "certs.d", c.registryHost)
+	if err := os.MkdirAll(hostDir, 0o755); err != nil {
+		return err
+	}
+	hosts := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+c.registryHost, "http://"+c.registryHost)
+	if err := os.WriteFile(filepath.Join(hostDir, "hosts.toml"), []byte(hosts), 0o644); err != nil {
+		return err
+	}
+	args := []string{"--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false"}
+	if c.opts.RegistryAuth {
+		args = append(args, "--dest-creds", registryUser+":"+registryPassword)
+	}
+	args = append(args, "oci-archive:"+c.images.busyboxTar, "docker://"+c.RegistryImage())
+	out, err := exec.CommandContext(ctx, "skopeo", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("skopeo copy to %s: %v\n%s", c.RegistryImage(), err, out)
+	}
+	tb.Logf("registry ready with %s in %s", c.RegistryImage(), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+func (c *Containerd) cleanup(tb testing.TB) func() {
+	return func() {
+		if tb.Failed() && c.proc != nil {
+			tb.Logf("--- containerd log tail ---\n%s", c.proc.Tail(4000))
+		}
+		if c.proc != nil {
+			select {
+			case <-c.proc.Exited():
+				// Killed and not restarted: its containers still run under their shims.
+				// Bring containerd back so CRI can stop them and CNI can release them.
+				if err := c.start(tb); err != nil {
+					tb.Logf("containerd cleanup: restart to remove sandboxes: %v", err)
+				}
+			default:
+			}
+			select {
+			case <-c.proc.Exited():
+			default:
+				c.removeSandboxes(tb)
+				c.proc.Stop(10 * time.Second)
+			}
+		}
+		if c.registry != nil {
+			c.registry.Stop(5 * time.Second)
+		}
+		c.killShims(tb)
+		c.unmountAll(tb)
+		if c.bridge != "" {
+			if l, err := netlink.LinkByName(c.bridge); err == nil {
+				if err := netlink.LinkDel(l); err != nil {
+					tb.Errorf("containerd: delete bridge %s: %v", c.bridge, err)
+				}
+			}
+		}
+		if c.lock != nil {
+			c.lock.Close()
+		}
+		if c.dir != "" {
+			if err := os.RemoveAll(c.dir); err != nil {
+				tb.Errorf("containerd: remove %s: %v", c.dir, err)
+			}
+		}
+	}
+}
+
+// removeSandboxes stops and removes every pod sandbox so CNI DEL runs for each.
+func (c *Containerd) removeSandboxes(tb testing.TB) {
+	conn, err := grpc.NewClient("unix://"+c.address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rs := runtimeapi.NewRuntimeServiceClient(conn)
+	resp, err := rs.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		tb.Logf("containerd cleanup: list sandboxes: %v", err)
+		return
+	}
+	stuck := 0
+	for _, s := range resp.GetItems() {
+		_, stopErr := rs.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: s.GetId()})
+		_, removeErr := rs.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: s.GetId()})
+		switch err := errors.Join(stopErr, removeErr); {
+		case err == nil:
+		case !c.opts.CNI && strings.Contains(err.Error(), "cni plugin not initialized"):
+			// Without a CNI config containerd cannot tear down a failed pod-network
+			// sandbox (RECIPES.md); stopping containerd and its shims covers it.
+			stuck++
+		default:
+			tb.Logf("containerd cleanup: sandbox %s: %v", s.GetId(), err)
+		}
+	}
+	if stuck > 0 {
+		tb.Logf("containerd cleanup: %d sandbox(es) cannot be removed without CNI (expected); stopping containerd instead", stuck)
+	}
+}
+
+// killShims kills the runc shims this run's containerd started: they run in their own
+// process group and outlive containerd by design. They are found by the containerd
+// address on their command line, which is unique to the run.
+func (c *Containerd) killShims(tb testing.TB) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	needle := []byte(c.address)
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(cmdline, []byte("containerd-shim")) {
+			continue
+		}
+		for arg := range bytes.SplitSeq(cmdline, []byte{0}) {
+			if bytes.Equal(arg, needle) {
+				tb.Logf("containerd cleanup: killing leftover shim pid %d", pid)
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				break
+			}
+		}
+	}
+}
+
+// unmountAll detaches every mount under the run's folder (rootfs overlays, sandbox
+// /dev/shm, network namespace bind mounts), deepest first.
+func (c *Containerd) unmountAll(tb testing.TB) {
+	for range 3 {
+		mounts := mountsUnder(c.dir)
+		if len(mounts) == 0 {
+			return
+		}
+		for _, m := range mounts {
+			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				tb.Logf("containerd cleanup: unmount %s: %v", m, err)
+			}
+		}
+	}
+}
+
+func mountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountPath(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space, ...).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// Crictl returns the crictl binary hack/setup-containerd.sh built into
+// NODEKIT_IMAGES_DIR, ending the test through testenv.Unavailable when it is missing.
+func Crictl(tb testing.TB) string {
+	tb.Helper()
+	dir := os.Getenv("NODEKIT_IMAGES_DIR")
+	if dir == "" {
+		testenv.Unavailable(tb, "NODEKIT_IMAGES_DIR is unset: export NODEKIT_IMAGES_DIR=$(hack/setup-containerd.sh)")
+	}
+	p := filepath.Join(dir, "crictl")
+	if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {
+		testenv.Unavailable(tb, "crictl not found in NODEKIT_IMAGES_DIR=%s (hack/setup-containerd.sh builds it with go)", dir)
+	}
+	return p
+}
+
+// CrictlArgs returns args prefixed with the flags that point crictl at this containerd
+// (and at the run's own crictl.yaml rather than /etc/crictl.yaml).
+func (c *Containerd) CrictlArgs(args ...string) []string {
+	base := []string{"--config", filepath.Join(c.dir, "crictl.yaml"), "--runtime-endpoint", c.Endpoint(), "--image-endpoint", c.Endpoint(), "--timeout", "30s"}
+	return append(base, args...)
+}

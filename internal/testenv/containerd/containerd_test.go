@@ -1,0 +1,202 @@
+package containerd_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/nodekit-dev/nodekit/internal/testenv"
+	"github.com/nodekit-dev/nodekit/internal/testenv/containerd"
+)
+
+func sandboxConfig(name string, hostNetwork bool) *runtimeapi.PodSandboxConfig {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	uid := hex.EncodeToString(b)
+	cfg := &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "harness", Uid: uid},
+		Labels: map[string]string{
+			"io.kubernetes.pod.name":      name,
+			"io.kubernetes.pod.namespace": "harness",
+			"io.kubernetes.pod.uid":       uid,
+		},
+		LogDirectory: "",
+		Linux:        &runtimeapi.LinuxPodSandboxConfig{},
+	}
+	if hostNetwork {
+		cfg.Linux.SecurityContext = &runtimeapi.LinuxSandboxSecurityContext{
+			NamespaceOptions: &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_NODE},
+		}
+	} else {
+		cfg.Hostname = name
+	}
+	return cfg
+}
+
+func condition(t *testing.T, st *runtimeapi.RuntimeStatus, typ string) *runtimeapi.RuntimeCondition {
+	t.Helper()
+	for _, c := range st.GetConditions() {
+		if c.GetType() == typ {
+			return c
+		}
+	}
+	t.Fatalf("runtime status has no %s condition: %v", typ, st)
+	return nil
+}
+
+func TestWithCNI(t *testing.T) {
+	testenv.RequireLong(t)
+	c := containerd.Start(t, containerd.Options{CNI: true})
+	rs := runtimeapi.NewRuntimeServiceClient(c.Conn(t))
+	is := runtimeapi.NewImageServiceClient(c.Conn(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	assert.True(t, strings.HasPrefix(c.Endpoint(), "unix:///"), c.Endpoint())
+	v, err := rs.Version(ctx, &runtimeapi.VersionRequest{})
+	require.NoError(t, err)
+	assert.Equal(t, "containerd", v.GetRuntimeName())
+
+	st, err := rs.Status(ctx, &runtimeapi.StatusRequest{})
+	require.NoError(t, err)
+	assert.True(t, condition(t, st.GetStatus(), runtimeapi.RuntimeReady).GetStatus())
+	assert.True(t, condition(t, st.GetStatus(), runtimeapi.NetworkReady).GetStatus())
+
+	for _, img := range []string{c.PauseImage(), c.BusyboxImage()} {
+		resp, err := is.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: img}})
+		require.NoError(t, err)
+		assert.NotNil(t, resp.GetImage(), "image %s should be imported", img)
+	}
+
+	cfg := sandboxConfig("cni-pod", false)
+	run, err := rs.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
+	require.NoError(t, err)
+	ps, err := rs.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: run.GetPodSandboxId()})
+	require.NoError(t, err)
+	ip := net.ParseIP(ps.GetStatus().GetNetwork().GetIp())
+	require.NotNil(t, ip, "sandbox has no IP: %v", ps.GetStatus().GetNetwork())
+	assert.True(t, c.Subnet().Contains(ip), "sandbox IP %s outside the run's subnet %s", ip, c.Subnet())
+
+	// A container in it runs busybox for real.
+	created, err := rs.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
+		PodSandboxId:  run.GetPodSandboxId(),
+		SandboxConfig: cfg,
+		Config: &runtimeapi.ContainerConfig{
+			Metadata: &runtimeapi.ContainerMetadata{Name: "sleeper"},
+			Image:    &runtimeapi.ImageSpec{Image: c.BusyboxImage()},
+			Command:  []string{"sleep", "3600"},
+			Linux:    &runtimeapi.LinuxContainerConfig{},
+		},
+	})
+	require.NoError(t, err)
+	_, err = rs.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: created.GetContainerId()})
+	require.NoError(t, err)
+	exec, err := rs.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: created.GetContainerId(), Cmd: []string{"hostname"}, Timeout: 10})
+	require.NoError(t, err)
+	assert.Equal(t, int32(0), exec.GetExitCode())
+	assert.Equal(t, "cni-pod\n", string(exec.GetStdout()))
+}
+
+func TestWithoutCNI(t *testing.T) {
+	testenv.RequireLong(t)
+	c := containerd.Start(t, containerd.Options{})
+	rs := runtimeapi.NewRuntimeServiceClient(c.Conn(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	st, err := rs.Status(ctx, &runtimeapi.StatusRequest{})
+	require.NoError(t, err)
+	assert.True(t, condition(t, st.GetStatus(), runtimeapi.RuntimeReady).GetStatus())
+	network := condition(t, st.GetStatus(), runtimeapi.NetworkReady)
+	assert.False(t, network.GetStatus())
+	assert.Equal(t, "NetworkPluginNotReady", network.GetReason())
+	assert.Equal(t, "Network plugin returns error: cni plugin not initialized", network.GetMessage())
+
+	_, err = rs.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sandboxConfig("no-cni", false)})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cni plugin not initialized")
+
+	// The host network needs no CNI.
+	run, err := rs.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sandboxConfig("host-net", true)})
+	require.NoError(t, err)
+	assert.NotEmpty(t, run.GetPodSandboxId())
+}
+
+func TestRegistryAndRestart(t *testing.T) {
+	testenv.RequireLong(t)
+	c := containerd.Start(t, containerd.Options{Registry: true})
+	require.NotEmpty(t, c.RegistryHost())
+	is := runtimeapi.NewImageServiceClient(c.Conn(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	pulled, err := is.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: c.RegistryImage()}})
+	require.NoError(t, err, "pull %s", c.RegistryImage())
+	assert.NotEmpty(t, pulled.GetImageRef())
+
+	c.Kill()
+	_, err = os.Stat(c.Address())
+	require.NoError(t, err, "a killed containerd leaves its socket behind")
+	c.Restart(t)
+	resp, err := is.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: c.RegistryImage()}})
+	require.NoError(t, err, "CRI answers again on the same connection after the restart")
+	assert.NotNil(t, resp.GetImage(), "the pulled image survives the restart")
+}
+
+// TestKilledRunIsCleanedUp kills containerd with a pod running and never restarts it:
+// the cleanup must still stop the pod (no pause process left behind).
+func TestKilledRunIsCleanedUp(t *testing.T) {
+	testenv.RequireLong(t)
+	var pausePID string
+	ran := t.Run("run", func(t *testing.T) {
+		c := containerd.Start(t, containerd.Options{CNI: true})
+		rs := runtimeapi.NewRuntimeServiceClient(c.Conn(t))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		run, err := rs.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sandboxConfig("orphan", false)})
+		require.NoError(t, err)
+		st, err := rs.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: run.GetPodSandboxId(), Verbose: true})
+		require.NoError(t, err)
+		info := st.GetInfo()["info"]
+		i := strings.Index(info, `"pid":`)
+		require.GreaterOrEqual(t, i, 0, "verbose status has the pause pid: %s", info)
+		pausePID = strings.TrimSpace(strings.SplitN(strings.SplitN(info[i+6:], ",", 2)[0], "}", 2)[0])
+		_, err = os.Stat("/proc/" + pausePID)
+		require.NoError(t, err, "pause process %s runs", pausePID)
+		c.Kill()
+	})
+	if !ran || pausePID == "" {
+		return // the run failed or was skipped (prerequisites): nothing to check
+	}
+	_, err := os.Stat("/proc/" + pausePID)
+	assert.True(t, os.IsNotExist(err), "pause process %s outlived the cleanup", pausePID)
+}
+
+func TestRegistryAuth(t *testing.T) {
+	testenv.RequireLong(t)
+	c := containerd.Start(t, containerd.Options{RegistryAuth: true})
+	user, password := c.RegistryCredentials()
+	require.NotEmpty(t, user)
+	is := runtimeapi.NewImageServiceClient(c.Conn(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	image := &runtimeapi.ImageSpec{Image: c.RegistryImage()}
+
+	_, err := is.PullImage(ctx, &runtimeapi.PullImageRequest{Image: image})
+	require.Error(t, err, "a pull without credentials is refused")
+	assert.Contains(t, err.Error(), "401")
+	_, err = is.PullImage(ctx, &runtimeapi.PullImageRequest{Image: image, Auth: &runtimeapi.AuthConfig{Username: user, Password: "wrong"}})
+	require.Error(t, err, "a pull with a wrong password is refused")
+	pulled, err := is.PullImage(ctx, &runtimeapi.PullImageRequest{Image: image, Auth: &runtimeapi.AuthConfig{Username: user, Password: password}})
+	require.NoError(t, err)
+	assert.NotEmpty(t, pulled.GetImageRef())
+}

@@ -1,0 +1,53 @@
+package containerd
+
+import (
+	"net"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/vishvananda/netlink"
+)
+
+func TestUnescapeMountPath(t *testing.T) {
+	tests := map[string]string{
+		`/tmp/nkctd-1/state`:       "/tmp/nkctd-1/state",
+		`/tmp/with\040space/x`:     "/tmp/with space/x",
+		`/tmp/tab\011and\134slash`: "/tmp/tab\tand\\slash",
+		`/tmp/trailing\04`:         `/tmp/trailing\04`,
+		`/tmp/not-octal\999/ok`:    `/tmp/not-octal\999/ok`,
+	}
+	for in, want := range tests {
+		t.Run(in, func(t *testing.T) {
+			assert.Equal(t, want, unescapeMountPath(in))
+		})
+	}
+}
+
+func TestOverlaps(t *testing.T) {
+	cidr := func(s string) *net.IPNet {
+		_, n, err := net.ParseCIDR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	subnet := cidr("10.222.7.0/24")
+	tests := []struct {
+		name   string
+		routes []netlink.Route
+		want   bool
+	}{
+		{"no routes", nil, false},
+		{"default route as nil", []netlink.Route{{Dst: nil}}, false},
+		{"default route as 0.0.0.0/0", []netlink.Route{{Dst: cidr("0.0.0.0/0")}}, false},
+		{"unrelated", []netlink.Route{{Dst: cidr("192.0.2.0/24")}}, false},
+		{"wider route covers it", []netlink.Route{{Dst: cidr("10.0.0.0/8")}}, true},
+		{"narrower route inside it", []netlink.Route{{Dst: cidr("10.222.7.128/25")}}, true},
+		{"same", []netlink.Route{{Dst: cidr("10.222.7.0/24")}}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, overlaps(subnet, tt.routes))
+		})
+	}
+}
