@@ -1,0 +1,84 @@
+// Package cri_test checks nodekit's cri package against the kubelet's own code
+// (k8s.io/kubernetes v1.37.2): the container hash annotation and the runtime
+// readiness message must be byte-identical, or a kubelet taking over a node would
+// restart nodekit's containers, and the Ready condition would read differently.
+package cri_test
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
+
+	"github.com/nodekit-dev/nodekit/cri"
+)
+
+func TestContainerHashMatchesKubelet(t *testing.T) {
+	containers := []corev1.Container{
+		{Name: "nginx", Image: "docker.io/library/nginx:1.27"},
+		{Name: "main", Image: "registry.k8s.io/pause:3.10.2", Args: []string{"ignored"}},
+		{Name: "a-very-long-container-name-with-dashes", Image: "127.0.0.1:5000/nodekit/busybox@sha256:" + fmt.Sprintf("%064x", 42)},
+		{Name: "x", Image: ""},
+	}
+	for _, c := range containers {
+		t.Run(c.Name, func(t *testing.T) {
+			want := kubecontainer.HashContainer(&c)
+			got := cri.ContainerHash(&c)
+			if got != want {
+				t.Errorf("ContainerHash = %s, kubelet's = %s", strconv.FormatUint(got, 16), strconv.FormatUint(want, 16))
+			}
+		})
+	}
+}
+
+// The kubelet builds the Ready message from kubecontainer.RuntimeCondition.String and an
+// aggregate of the runtime and network errors (pkg/kubelet/kubelet.go updateRuntimeUp,
+// runtime.go, nodestatus/setters.go). This rebuilds it with the kubelet's own types.
+func kubeletMessage(st *runtimeapi.RuntimeStatus) string {
+	var runtimeCond, networkCond *kubecontainer.RuntimeCondition
+	for _, c := range st.GetConditions() {
+		kc := &kubecontainer.RuntimeCondition{Type: kubecontainer.RuntimeConditionType(c.Type), Status: c.Status, Reason: c.Reason, Message: c.Message}
+		switch c.Type {
+		case runtimeapi.RuntimeReady:
+			runtimeCond = kc
+		case runtimeapi.NetworkReady:
+			networkCond = kc
+		}
+	}
+	var errs []error
+	if runtimeCond == nil || !runtimeCond.Status {
+		errs = append(errs, fmt.Errorf("container runtime not ready: %v", runtimeCond))
+	}
+	if networkCond == nil || !networkCond.Status {
+		errs = append(errs, fmt.Errorf("container runtime network not ready: %v", networkCond))
+	}
+	if agg := utilerrors.NewAggregate(errs); agg != nil {
+		return agg.Error()
+	}
+	return "kubelet is posting ready status"
+}
+
+func TestReadinessMessageMatchesKubelet(t *testing.T) {
+	noCNI := &runtimeapi.RuntimeCondition{Type: runtimeapi.NetworkReady, Reason: "NetworkPluginNotReady", Message: "Network plugin returns error: cni plugin not initialized"}
+	runtimeOK := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}
+	networkOK := &runtimeapi.RuntimeCondition{Type: runtimeapi.NetworkReady, Status: true}
+	runtimeDown := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Reason: "X", Message: "y"}
+	for name, conds := range map[string][]*runtimeapi.RuntimeCondition{
+		"ready":         {runtimeOK, networkOK},
+		"no CNI":        {runtimeOK, noCNI},
+		"both down":     {runtimeDown, noCNI},
+		"no conditions": nil,
+		"only runtime":  {runtimeOK},
+	} {
+		t.Run(name, func(t *testing.T) {
+			st := &runtimeapi.RuntimeStatus{Conditions: conds}
+			if got, want := cri.ReadinessFromStatus(st).Message, kubeletMessage(st); got != want {
+				t.Errorf("message\n got: %s\nwant: %s", got, want)
+			}
+		})
+	}
+}
