@@ -1,0 +1,93 @@
+// Package rules writes Kubernetes Service rules into the kernel's packet filter, the
+// way kube-proxy does, and then steps back: the kernel does the load balancing, so
+// the rules keep working when the writer exits (and go stale, slowly, as pods move
+// and nobody updates them).
+//
+// # Desired state
+//
+// A State lists service ports (Service): the virtual IP, protocol and port, optional
+// NodePort, external and load-balancer IPs, the usable endpoints (already chosen by
+// the caller: ready, else serving and terminating), ClientIP session affinity, and
+// what to do with new connections when there is no endpoint (Reject, the default, or
+// Drop). The package does not import the agents' service cache: they convert.
+// State.Validate rejects what cannot be written, naming the service port at fault;
+// every error wraps ErrInvalidState, ErrInvalidConfig or ErrApplyFailed.
+//
+// # nftables
+//
+// NFTables writes one table of the ip family with kube-proxy 1.37's nftables layout,
+// object for object and name for name, so `nft list table ip kube-proxy`, existing
+// runbooks and kube-proxy's own knowledge apply:
+//
+//   - base chains filter-prerouting-pre-dnat, filter-output-pre-dnat, filter-input,
+//     filter-forward, filter-output, nat-prerouting, nat-output, nat-postrouting;
+//   - the services chain dispatching through the verdict maps service-ips
+//     (`ip daddr . meta l4proto . th dport vmap`) and service-nodeports;
+//   - service-endpoints-check / nodeport-endpoints-check rejecting or dropping through
+//     no-endpoint-services / no-endpoint-nodeports, and cluster-ips-check rejecting
+//     unknown ports of known ClusterIPs;
+//   - per service port a chain service-HASH-ns/name/proto/port that DNATs to one
+//     endpoint, or with `numgen random mod N` to several; external-HASH-... for
+//     NodePort, external and load-balancer traffic, which sets the masquerade mark;
+//   - with session affinity, endpoint-HASH-... chains and affinity-HASH-... sets
+//     (`update @set { ip saddr }`) with the affinity timeout;
+//   - masquerading: the mark (0x4000 by default), and the hairpin-connections set so a
+//     pod reaching itself through its service is masqueraded.
+//
+// The table name is configurable (NFTablesConfig.Table), so nodekit can run beside a
+// real kube-proxy without touching its table.
+//
+// # iptables
+//
+// IPTables writes kube-proxy's iptables chains (KUBE-SERVICES, KUBE-SVC-/KUBE-SEP-/
+// KUBE-EXT- with kube-proxy's hash names, statistic probabilities 1/n, 1/(n-1), ...,
+// comments such as `default/web cluster IP`, KUBE-MARK-MASQ, KUBE-POSTROUTING) through
+// iptables-restore --noflush, with the nf_tables backend (IPTablesNFT) or the legacy
+// one (IPTablesLegacy). IPTablesConfig.Prefix replaces "KUBE" so nodekit can run
+// beside a real kube-proxy.
+//
+// # Read-back, drift and trace
+//
+// Both writers read the kernel back (ReadBack), compare it with a desired state
+// (Drift: missing services, unexpected ones, stale and missing endpoints, wrong
+// reject/drop verdicts) and follow a packet to its DNAT targets, REJECT or DROP
+// (Trace). Partial syncs trust the writer's record of what it wrote; ForceFullSync
+// makes the next Sync rewrite everything and so repairs drift.
+//
+// # Sync: full, partial, atomic
+//
+// NFTables.Sync writes one nft transaction, so it applies whole or not at all: a refused
+// transaction leaves the previous rules serving and returns an error wrapping
+// ErrApplyFailed with nft's message. The first sync (and the one after a failure) is
+// full: base objects are re-declared, every map and set is flushed and refilled and
+// every service chain rewritten, all in the same transaction, so there is no moment
+// without rules. Later syncs are partial: only service ports whose chains changed are
+// rewritten, and only map and set elements that changed are added or deleted.
+// Syncing the same state twice writes nothing. Chains of deleted services are
+// flushed at once and deleted by the following sync, as kube-proxy does, because a
+// chain just unreferenced by a map element may not be deletable in the same
+// transaction on older kernels.
+//
+// # Dry run
+//
+// RenderNFTables returns the exact payload a first full sync writes, as nft input;
+// NFTables.DryRun returns what the next Sync would write. Both touch nothing.
+//
+// # Conntrack
+//
+// UDP has no connection to break: a client that keeps its source port keeps reaching
+// a removed endpoint through its conntrack entry. ConntrackCleaner.CleanStaleUDP,
+// called after a sync, deletes through netlink the UDP flows to service destinations
+// whose reply source is no longer an endpoint.
+//
+// # Concurrency and context
+//
+// Each writer serialises its syncs. ctx bounds the nft process; cancelling it kills
+// nft, and the kernel applies the transaction whole or not at all.
+//
+// # Requirements
+//
+// Linux with nf_tables (kernel >= 5.13 for the layout kube-proxy uses), nft >= 1.0.1
+// and CAP_NET_ADMIN in the network namespace being written. The nft process inherits
+// the calling thread's network namespace.
+package rules

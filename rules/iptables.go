@@ -1,0 +1,476 @@
+package rules
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
+)
+
+// IPTablesMode picks the iptables binaries.
+type IPTablesMode string
+
+const (
+	// IPTablesNFT uses iptables, iptables-restore and iptables-save, which on
+	// current distributions (Debian 12 included) are the nf_tables backend.
+	IPTablesNFT IPTablesMode = "nft"
+	// IPTablesLegacy uses iptables-legacy, iptables-legacy-restore and
+	// iptables-legacy-save (the x_tables backend).
+	IPTablesLegacy IPTablesMode = "legacy"
+)
+
+// DefaultIPTablesPrefix is kube-proxy's chain prefix.
+const DefaultIPTablesPrefix = "KUBE"
+
+// IPTablesConfig configures the iptables writer. The zero value writes kube-proxy's
+// own chains through the nf_tables backend.
+type IPTablesConfig struct {
+	// Mode selects the backend binaries. Empty means IPTablesNFT.
+	Mode IPTablesMode
+	// Prefix replaces "KUBE" in every chain name (KUBE-SERVICES, KUBE-SVC-...), so
+	// nodekit can run beside a real kube-proxy. Upper case letters, at most 7 so
+	// PREFIX-SVC-<16 characters> fits iptables' 28-character chain names. Empty
+	// means "KUBE".
+	Prefix string
+	// MasqueradeMark is the masquerade bit. Zero means 0x4000.
+	MasqueradeMark uint32
+	// ClusterCIDR: ClusterIP traffic from outside it is masqueraded. Zero: no rule.
+	ClusterCIDR netip.Prefix
+	// MasqueradeAll masquerades all ClusterIP traffic.
+	MasqueradeAll bool
+	// Clock times syncs. Nil means the real clock.
+	Clock clock.PassiveClock
+	// Metrics receives sync results. Nil means none.
+	Metrics Metrics
+}
+
+var iptablesPrefixSyntax = regexp.MustCompile(`^[A-Z][A-Z0-9]{0,6}$`)
+
+func (c *IPTablesConfig) setDefaults() error {
+	if c.Mode == "" {
+		c.Mode = IPTablesNFT
+	}
+	if c.Mode != IPTablesNFT && c.Mode != IPTablesLegacy {
+		return fmt.Errorf("%w: iptables mode %q", ErrInvalidConfig, c.Mode)
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultIPTablesPrefix
+	}
+	if !iptablesPrefixSyntax.MatchString(c.Prefix) {
+		return fmt.Errorf("%w: chain prefix %q (want 1 to 7 upper-case letters or digits)", ErrInvalidConfig, c.Prefix)
+	}
+	if c.MasqueradeMark == 0 {
+		c.MasqueradeMark = DefaultMasqueradeMark
+	}
+	if c.MasqueradeMark&(c.MasqueradeMark-1) != 0 {
+		return fmt.Errorf("%w: masquerade mark %#x is not a single bit", ErrInvalidConfig, c.MasqueradeMark)
+	}
+	if c.ClusterCIDR.IsValid() && !c.ClusterCIDR.Addr().Is4() {
+		return fmt.Errorf("%w: cluster CIDR %v is not IPv4", ErrInvalidConfig, c.ClusterCIDR)
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	if c.Metrics == nil {
+		c.Metrics = noMetrics{}
+	}
+	return nil
+}
+
+func (c *IPTablesConfig) binary(tool string) string {
+	if c.Mode == IPTablesLegacy {
+		return "iptables-legacy" + strings.TrimPrefix(tool, "iptables")
+	}
+	return tool
+}
+
+// runner runs a program with stdin and returns its standard output: the package's
+// seam for iptables, swapped in unit tests.
+type runner func(ctx context.Context, stdin, name string, args ...string) (string, error)
+
+func execRunner(ctx context.Context, stdin, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(errOut.String()))
+	}
+	return out.String(), nil
+}
+
+// IPTables writes kube-proxy's iptables chains (PREFIX-SERVICES, PREFIX-SVC-HASH,
+// PREFIX-SEP-HASH, PREFIX-EXT-HASH, PREFIX-MARK-MASQ, PREFIX-POSTROUTING, ...) with
+// iptables-restore --noflush. It is safe for concurrent use; syncs are serialised.
+type IPTables struct {
+	cfg IPTablesConfig
+	run runner
+
+	mu sync.Mutex
+	// applied maps each service chain the last successful sync left to its rules;
+	// nil forces a full sync.
+	applied map[string][]string
+}
+
+// NewIPTables returns an iptables writer after checking that the binaries run. The
+// processes inherit the calling thread's network namespace.
+func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	w := &IPTables{cfg: cfg, run: execRunner}
+	for _, tool := range []string{"iptables", "iptables-restore"} {
+		if _, err := exec.LookPath(cfg.binary(tool)); err != nil {
+			return nil, fmt.Errorf("iptables mode %s: %w", cfg.Mode, err)
+		}
+	}
+	if _, err := w.run(ctx, "", cfg.binary("iptables"), "-w", "-t", "nat", "-S", "POSTROUTING"); err != nil {
+		return nil, fmt.Errorf("iptables mode %s: %w", cfg.Mode, err)
+	}
+	return w, nil
+}
+
+// RenderIPTables returns the exact iptables-restore payload a first, full sync of st
+// writes into tables that hold nothing of the writer yet, touching nothing.
+func RenderIPTables(cfg IPTablesConfig, st *State) (string, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return "", err
+	}
+	w := &IPTables{cfg: cfg}
+	p, err := w.compile(st)
+	if err != nil {
+		return "", err
+	}
+	return w.payload(p, nil, nil, w.jumps()), nil
+}
+
+func (w *IPTables) chain(kind string) string { return w.cfg.Prefix + "-" + kind }
+
+// iptPlan is the compiled state: the top-level chains (always written whole) and the
+// per-service chains, in both tables.
+type iptPlan struct {
+	filterTop map[string][]string
+	natTop    map[string][]string
+	svc       map[string][]string // nat service chains: SVC, SEP, EXT
+}
+
+// iptDest is an external destination of a service and how comments name it.
+type iptDest struct {
+	ip   netip.Addr
+	what string
+}
+
+func quoteComment(c string) string {
+	if strings.ContainsAny(c, " \"") {
+		return strconv.Quote(c)
+	}
+	return c
+}
+
+func (w *IPTables) compile(st *State) (*iptPlan, error) {
+	if err := st.Validate(); err != nil {
+		return nil, err
+	}
+	mark := fmt.Sprintf("%#x", w.cfg.MasqueradeMark)
+	services, nodePorts, external := w.chain("SERVICES"), w.chain("NODEPORTS"), w.chain("EXTERNAL-SERVICES")
+	forward, postrouting, markMasq, firewall := w.chain("FORWARD"), w.chain("POSTROUTING"), w.chain("MARK-MASQ"), w.chain("PROXY-FIREWALL")
+	p := &iptPlan{
+		filterTop: map[string][]string{nodePorts: nil, services: nil, external: nil, forward: nil, firewall: nil},
+		natTop:    map[string][]string{nodePorts: nil, services: nil, markMasq: nil, postrouting: nil},
+		svc:       map[string][]string{},
+	}
+	p.filterTop[forward] = []string{
+		"-m conntrack --ctstate INVALID -j DROP",
+		fmt.Sprintf(`-m comment --comment "kubernetes forwarding rules" -m mark --mark %s/%s -j ACCEPT`, mark, mark),
+		`-m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`,
+	}
+	p.natTop[markMasq] = []string{"-j MARK --or-mark " + mark}
+	p.natTop[postrouting] = []string{
+		fmt.Sprintf("-m mark ! --mark %s/%s -j RETURN", mark, mark),
+		"-j MARK --xor-mark " + mark,
+		`-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`,
+	}
+	svcs := make([]*Service, len(st.Services))
+	for i := range st.Services {
+		svcs[i] = &st.Services[i]
+	}
+	slices.SortStableFunc(svcs, func(a, b *Service) int {
+		return cmp.Or(cmp.Compare(a.PortNameString(), b.PortNameString()), cmp.Compare(a.Protocol, b.Protocol))
+	})
+	for _, s := range svcs {
+		name := s.PortNameString()
+		proto := s.Protocol.lower()
+		hash := iptablesHash(name, proto, "")
+		svcChain, extChain := w.chain("SVC-"+hash), w.chain("EXT-"+hash)
+		match := func(ip netip.Addr) string {
+			return fmt.Sprintf("-m %s -p %s -d %s --dport %d", proto, proto, ip, s.Port)
+		}
+		var externalDests []iptDest
+		for _, ip := range s.ExternalIPs {
+			externalDests = append(externalDests, iptDest{ip, "external IP"})
+		}
+		for _, ip := range s.LoadBalancerIPs {
+			externalDests = append(externalDests, iptDest{ip, "loadbalancer IP"})
+		}
+		if len(s.Endpoints) == 0 {
+			target := "REJECT"
+			if s.NoEndpoints == Drop {
+				target = "DROP"
+			}
+			c := quoteComment(name + " has no endpoints")
+			p.filterTop[services] = append(p.filterTop[services], fmt.Sprintf("-m comment --comment %s %s -j %s", c, match(s.ClusterIP), target))
+			for _, d := range externalDests {
+				p.filterTop[external] = append(p.filterTop[external], fmt.Sprintf("-m comment --comment %s %s -j %s", c, match(d.ip), target))
+			}
+			if s.NodePort != 0 {
+				p.filterTop[external] = append(p.filterTop[external],
+					fmt.Sprintf("-m comment --comment %s -m addrtype --dst-type LOCAL -m %s -p %s --dport %d -j %s", c, proto, proto, s.NodePort, target))
+			}
+			continue
+		}
+		p.natTop[services] = append(p.natTop[services],
+			fmt.Sprintf("-m comment --comment %s %s -j %s", quoteComment(name+" cluster IP"), match(s.ClusterIP), svcChain))
+		for _, d := range externalDests {
+			p.natTop[services] = append(p.natTop[services],
+				fmt.Sprintf("-m comment --comment %s %s -j %s", quoteComment(name+" "+d.what), match(d.ip), extChain))
+		}
+		if s.NodePort != 0 {
+			p.natTop[nodePorts] = append(p.natTop[nodePorts],
+				fmt.Sprintf("-m comment --comment %s -m %s -p %s --dport %d -j %s", quoteComment(name), proto, proto, s.NodePort, extChain))
+		}
+		if len(externalDests) > 0 || s.NodePort != 0 {
+			p.svc[extChain] = []string{
+				fmt.Sprintf("-m comment --comment %s -j %s", quoteComment("masquerade traffic for "+name+" external destinations"), markMasq),
+				"-j " + svcChain,
+			}
+		}
+		var rules []string
+		switch {
+		case w.cfg.MasqueradeAll:
+			rules = append(rules, fmt.Sprintf("-m comment --comment %s %s -j %s", quoteComment(name+" cluster IP"), match(s.ClusterIP), markMasq))
+		case w.cfg.ClusterCIDR.IsValid():
+			rules = append(rules, fmt.Sprintf("-m comment --comment %s %s ! -s %s -j %s", quoteComment(name+" cluster IP"), match(s.ClusterIP), w.cfg.ClusterCIDR.Masked(), markMasq))
+		}
+		affinity := int(s.AffinityTimeout / time.Second)
+		if affinity > 0 {
+			for _, ep := range s.Endpoints {
+				sep := w.chain("SEP-" + iptablesHash(name, proto, ep.String()))
+				rules = append(rules, fmt.Sprintf("-m comment --comment %s -m recent --name %s --rcheck --seconds %d --reap -j %s",
+					quoteComment(name+" -> "+ep.String()), sep, affinity, sep))
+			}
+		}
+		n := len(s.Endpoints)
+		for i, ep := range s.Endpoints {
+			sep := w.chain("SEP-" + iptablesHash(name, proto, ep.String()))
+			c := quoteComment(name + " -> " + ep.String())
+			if i < n-1 {
+				rules = append(rules, fmt.Sprintf("-m comment --comment %s -m statistic --mode random --probability %0.10f -j %s", c, 1.0/float64(n-i), sep))
+			} else {
+				rules = append(rules, fmt.Sprintf("-m comment --comment %s -j %s", c, sep))
+			}
+			recent := ""
+			if affinity > 0 {
+				recent = fmt.Sprintf("-m recent --name %s --set ", sep)
+			}
+			p.svc[sep] = []string{
+				fmt.Sprintf("-m comment --comment %s -s %s -j %s", quoteComment(name), ep.IP, markMasq),
+				fmt.Sprintf("-m comment --comment %s %s-m %s -p %s -j DNAT --to-destination %s", quoteComment(name), recent, proto, proto, ep),
+			}
+		}
+		p.svc[svcChain] = rules
+	}
+	p.natTop[services] = append(p.natTop[services],
+		fmt.Sprintf(`-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j %s`, nodePorts))
+	return p, nil
+}
+
+// payload renders the iptables-restore input. prev is what the kernel holds (nil:
+// write every service chain); stale lists service chains to delete.
+func (w *IPTables) payload(p *iptPlan, prev map[string][]string, stale []string, jumps [][]string) string {
+	var b strings.Builder
+	writeTable := func(table string, top map[string][]string, svc map[string][]string, staleHere []string) {
+		fmt.Fprintf(&b, "*%s\n", table)
+		topNames := slices.Sorted(maps.Keys(top))
+		var changed []string
+		for _, name := range slices.Sorted(maps.Keys(svc)) {
+			if old, ok := prev[name]; ok && slices.Equal(old, svc[name]) {
+				continue
+			}
+			changed = append(changed, name)
+		}
+		for _, name := range slices.Concat(topNames, changed, staleHere) {
+			fmt.Fprintf(&b, ":%s - [0:0]\n", name)
+		}
+		for _, name := range topNames {
+			for _, r := range top[name] {
+				fmt.Fprintf(&b, "-A %s %s\n", name, r)
+			}
+		}
+		for _, name := range changed {
+			for _, r := range svc[name] {
+				fmt.Fprintf(&b, "-A %s %s\n", name, r)
+			}
+		}
+		for _, name := range staleHere {
+			fmt.Fprintf(&b, "-X %s\n", name)
+		}
+		for _, j := range jumps {
+			if j[0] == table {
+				fmt.Fprintf(&b, "-I %s %s\n", j[1], j[2])
+			}
+		}
+		b.WriteString("COMMIT\n")
+	}
+	// nat first: iptables-restore commits table by table and stops at the first
+	// failure, so a refused nat payload leaves both tables as they were.
+	writeTable("nat", p.natTop, p.svc, stale)
+	writeTable("filter", p.filterTop, nil, nil)
+	return b.String()
+}
+
+// jumps are the rules from the built-in chains into the writer's chains, as
+// kube-proxy installs them: table, built-in chain, rule spec as iptables-save prints it.
+func (w *IPTables) jumps() [][]string {
+	const newConn = "-m conntrack --ctstate NEW "
+	j := func(table, from, to, comment, extra string) []string {
+		return []string{table, from, fmt.Sprintf("%s-m comment --comment %s -j %s", extra, quoteComment(comment), w.chain(to))}
+	}
+	return [][]string{
+		j("filter", "INPUT", "EXTERNAL-SERVICES", "kubernetes externally-visible service portals", newConn),
+		j("filter", "FORWARD", "EXTERNAL-SERVICES", "kubernetes externally-visible service portals", newConn),
+		j("filter", "INPUT", "NODEPORTS", "kubernetes health check service ports", ""),
+		j("filter", "FORWARD", "SERVICES", "kubernetes service portals", newConn),
+		j("filter", "OUTPUT", "SERVICES", "kubernetes service portals", newConn),
+		j("filter", "FORWARD", "FORWARD", "kubernetes forwarding rules", ""),
+		j("filter", "INPUT", "PROXY-FIREWALL", "kubernetes load balancer firewall", newConn),
+		j("filter", "OUTPUT", "PROXY-FIREWALL", "kubernetes load balancer firewall", newConn),
+		j("filter", "FORWARD", "PROXY-FIREWALL", "kubernetes load balancer firewall", newConn),
+		j("nat", "OUTPUT", "SERVICES", "kubernetes service portals", ""),
+		j("nat", "PREROUTING", "SERVICES", "kubernetes service portals", ""),
+		j("nat", "POSTROUTING", "POSTROUTING", "kubernetes postrouting rules", ""),
+	}
+}
+
+// serviceChainRE matches the per-service chains of this prefix.
+func (w *IPTables) serviceChainRE() *regexp.Regexp {
+	return regexp.MustCompile(`^:(` + w.cfg.Prefix + `-(SVC|SEP|EXT|FW|SVL)-[A-Z2-7]{16}) `)
+}
+
+// DryRun returns the iptables-restore payload the next Sync of st would write.
+func (w *IPTables) DryRun(ctx context.Context, st *State) (string, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p, err := w.compile(st)
+	if err != nil {
+		return "", err
+	}
+	prev, stale, jumps, err := w.prevAndStale(ctx, p)
+	if err != nil {
+		return "", err
+	}
+	return w.payload(p, prev, stale, jumps), nil
+}
+
+// prevAndStale returns what the kernel holds for service chains (nil on a full sync),
+// the service chains to delete and the missing jump rules. A full sync reads both
+// tables once with iptables-save: every extra iptables call would load the whole
+// table again, which is what makes naive syncs slow.
+func (w *IPTables) prevAndStale(ctx context.Context, p *iptPlan) (map[string][]string, []string, [][]string, error) {
+	var existing []string
+	var missing [][]string
+	if w.applied == nil {
+		out, err := w.run(ctx, "", w.cfg.binary("iptables-save"))
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%w: read tables: %w", ErrApplyFailed, err)
+		}
+		re := w.serviceChainRE()
+		have := map[string]bool{}
+		table := ""
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "*") {
+				table = line[1:]
+				continue
+			}
+			if table == "nat" {
+				if m := re.FindStringSubmatch(line); m != nil {
+					existing = append(existing, m[1])
+				}
+			}
+			have[table+" "+line] = true
+		}
+		for _, j := range w.jumps() {
+			if !have[j[0]+" -A "+j[1]+" "+j[2]] {
+				missing = append(missing, j)
+			}
+		}
+	} else {
+		existing = slices.Collect(maps.Keys(w.applied))
+	}
+	var stale []string
+	for _, c := range existing {
+		if _, ok := p.svc[c]; !ok {
+			stale = append(stale, c)
+		}
+	}
+	slices.Sort(stale)
+	return w.applied, stale, missing, nil
+}
+
+// Sync makes the writer's chains match st. iptables-restore commits each table
+// atomically, nat first and then filter, and stops at the first failure: a refused
+// nat payload leaves both tables as they were; the error wraps ErrApplyFailed and the
+// next sync is full. Partial syncs rewrite the
+// top-level chains and only the service chains that changed, as kube-proxy does.
+func (w *IPTables) Sync(ctx context.Context, st *State) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	start := w.cfg.Clock.Now()
+	full := w.applied == nil
+	err := w.sync(ctx, st)
+	took := w.cfg.Clock.Since(start)
+	w.cfg.Metrics.SyncDone("iptables", full, took, err)
+	if err != nil {
+		logr.FromContextOrDiscard(ctx).Error(err, "iptables sync failed", "prefix", w.cfg.Prefix, "full", full)
+		return err
+	}
+	logr.FromContextOrDiscard(ctx).V(4).Info("iptables sync done", "prefix", w.cfg.Prefix, "full", full, "took", took)
+	return nil
+}
+
+func (w *IPTables) sync(ctx context.Context, st *State) error {
+	p, err := w.compile(st)
+	if err != nil {
+		return err
+	}
+	prev, stale, jumps, err := w.prevAndStale(ctx, p)
+	if err != nil {
+		return err
+	}
+	payload := w.payload(p, prev, stale, jumps)
+	if _, err := w.run(ctx, payload, w.cfg.binary("iptables-restore"), "-w", "--noflush", "--counters"); err != nil {
+		w.applied = nil
+		return fmt.Errorf("%w: iptables-restore (%s, prefix %s): %w", ErrApplyFailed, w.cfg.Mode, w.cfg.Prefix, err)
+	}
+	w.applied = maps.Clone(p.svc)
+	return nil
+}
+
+// ForceFullSync makes the next Sync rewrite every chain and re-check the jump rules.
+func (w *IPTables) ForceFullSync() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.applied = nil
+}

@@ -1,0 +1,87 @@
+// Package rulestest provides a fake rules.Syncer for the agents' unit tests: it
+// records every state it is asked to sync, can fail on demand with the errors the
+// real writers return, and renders dry runs with the real nftables renderer.
+package rulestest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/nodekit-dev/nodekit/rules"
+)
+
+// Fake records syncs instead of writing rules. The zero value is ready to use.
+type Fake struct {
+	mu sync.Mutex
+	// Synced holds a copy of every state a successful Sync received, in order.
+	Synced []*rules.State
+	// Failed counts syncs that returned an error.
+	Failed int
+	// FullSyncs counts syncs that were full (the first, after a failure, or after
+	// ForceFullSync), mirroring the real writers.
+	FullSyncs int
+
+	failNext []error
+	needFull bool
+	started  bool
+}
+
+var _ rules.Syncer = (*Fake)(nil)
+
+// FailNext makes the next len(errs) syncs return these errors, one each. Pass
+// errors wrapping rules.ErrApplyFailed to act like a refused transaction.
+func (f *Fake) FailNext(errs ...error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failNext = append(f.failNext, errs...)
+}
+
+// Sync validates st like the real writers, then records it or returns the next
+// injected error.
+func (f *Fake) Sync(ctx context.Context, st *rules.State) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := st.Validate(); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	full := !f.started || f.needFull
+	if len(f.failNext) > 0 {
+		err := f.failNext[0]
+		f.failNext = f.failNext[1:]
+		f.Failed++
+		f.needFull = true
+		return fmt.Errorf("rulestest: %w", err)
+	}
+	if full {
+		f.FullSyncs++
+	}
+	f.started, f.needFull = true, false
+	f.Synced = append(f.Synced, st.Clone())
+	return nil
+}
+
+// DryRun returns the nftables payload of a full sync of st.
+func (f *Fake) DryRun(_ context.Context, st *rules.State) (string, error) {
+	return rules.RenderNFTables(rules.NFTablesConfig{}, st)
+}
+
+// ForceFullSync makes the next successful Sync count as full.
+func (f *Fake) ForceFullSync() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.needFull = true
+}
+
+// Last returns the last successfully synced state, or nil.
+func (f *Fake) Last() *rules.State {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.Synced) == 0 {
+		return nil
+	}
+	return f.Synced[len(f.Synced)-1].Clone()
+}
