@@ -21,7 +21,8 @@ phase() {
 }
 run_start=$(date +%s)
 
-export PATH="$PATH:/usr/local/go/bin:$(go env GOPATH)/bin"
+export PATH="$PATH:/usr/local/go/bin"
+export PATH="$PATH:$(go env GOPATH)/bin"
 
 phase "host packages"
 if [ "$(id -u)" -eq 0 ]; then
