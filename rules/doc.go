@@ -27,12 +27,20 @@
 //     no-endpoint-services / no-endpoint-nodeports, and cluster-ips-check rejecting
 //     unknown ports of known ClusterIPs;
 //   - per service port a chain service-HASH-ns/name/proto/port that DNATs to one
-//     endpoint, or with `numgen random mod N` to several; external-HASH-... for
+//     endpoint, or to one of several picked by `numgen random mod K 0` rules (one per
+//     endpoint, K = N, N-1, ..., 2, then an unconditional last rule); external-HASH-... for
 //     NodePort, external and load-balancer traffic, which sets the masquerade mark;
 //   - with session affinity, endpoint-HASH-... chains and affinity-HASH-... sets
 //     (`update @set { ip saddr }`) with the affinity timeout;
 //   - masquerading: the mark (0x4000 by default), and the hairpin-connections set so a
 //     pod reaching itself through its service is masqueraded.
+//
+// One deliberate difference from kube-proxy: the endpoint is picked by that cascade
+// of rules rather than by `numgen random mod N vmap { ... }`, because a packet that
+// is in the nat hook while a sync commits can evaluate the old rule against the new
+// set-element generation, where the old rule's anonymous map is already empty; the
+// packet then escapes DNAT and cluster-ips-check rejects it. Rules with immediate
+// targets keep working through the switch, so no new connection is lost.
 //
 // The table name is configurable (NFTablesConfig.Table), so nodekit can run beside a
 // real kube-proxy without touching its table.

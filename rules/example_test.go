@@ -33,7 +33,8 @@ func ExampleRenderNFTables() {
 	// Output:
 	// add chain ip nodekit service-PFISGYVC-default/web/tcp/
 	// flush chain ip nodekit service-PFISGYVC-default/web/tcp/
-	// add rule ip nodekit service-PFISGYVC-default/web/tcp/ meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.244.1.10 . 8080 , 1 : 10.244.1.11 . 8080 }
+	// add rule ip nodekit service-PFISGYVC-default/web/tcp/ meta l4proto tcp numgen random mod 2 0 dnat to 10.244.1.10:8080
+	// add rule ip nodekit service-PFISGYVC-default/web/tcp/ meta l4proto tcp dnat to 10.244.1.11:8080
 	// add element ip nodekit cluster-ips { 10.96.0.10 }
 	// add element ip nodekit service-ips { 10.96.0.10 . tcp . 80 : goto service-PFISGYVC-default/web/tcp/ }
 }

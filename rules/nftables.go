@@ -353,28 +353,23 @@ func (w *NFTables) compile(st *State) (*nftPlan, error) {
 		}
 
 		if s.AffinityTimeout == 0 {
-			if len(s.Endpoints) == 1 {
-				addChain(svcChain, fmt.Sprintf("meta l4proto %s dnat to %s", proto, s.Endpoints[0]))
-			} else {
-				var m []string
-				for i, ep := range s.Endpoints {
-					m = append(m, fmt.Sprintf("%d : %s . %d", i, ep.IP, ep.Port))
-				}
-				addChain(svcChain, fmt.Sprintf("meta l4proto %s dnat ip addr . port to numgen random mod %d map { %s }",
-					proto, len(s.Endpoints), strings.Join(m, " , ")))
+			var dnats []string
+			for _, ep := range s.Endpoints {
+				dnats = append(dnats, fmt.Sprintf("dnat to %s", ep))
 			}
+			addChain(svcChain, pickRules("meta l4proto "+proto, dnats)...)
 		} else {
-			var jumps, vmap []string
-			for i, ep := range s.Endpoints {
+			var jumps, gotos []string
+			for _, ep := range s.Endpoints {
 				epBase := nftEndpointBase(s, ep)
 				epChain, set := nftEndpointPrefix+epBase, nftAffinityPrefix+epBase
 				p.affinitySets[set] = s.AffinityTimeout
 				jumps = append(jumps, fmt.Sprintf("ip saddr @%s goto %s", set, epChain))
-				vmap = append(vmap, fmt.Sprintf("%d : goto %s", i, epChain))
+				gotos = append(gotos, "goto "+epChain)
 			}
 			addChain(svcChain, jumps...)
 			p.sig[svcChain] = s.AffinityTimeout.String()
-			addChain(svcChain, fmt.Sprintf("numgen random mod %d vmap { %s }", len(s.Endpoints), strings.Join(vmap, " , ")))
+			addChain(svcChain, pickRules("", gotos)...)
 			for _, ep := range s.Endpoints {
 				epBase := nftEndpointBase(s, ep)
 				p.sig[nftEndpointPrefix+epBase] = s.AffinityTimeout.String()
@@ -402,6 +397,32 @@ func (w *NFTables) compile(st *State) (*nftPlan, error) {
 		}
 	}
 	return p, nil
+}
+
+// pickRules turns n terminal verdicts into n rules (each starting with match) that
+// make a uniform random choice: rule i (0-based) applies with probability 1/(n-i)
+// when reached, the last one always, so each verdict is taken with probability 1/n.
+//
+// The choice is deliberately made without an anonymous map (kube-proxy writes
+// `numgen random mod N vmap { ... }`). When a sync replaces a service chain's rules,
+// the kernel switches the rule generation and the set-element generation with one
+// flip, but a packet reads the two separately: the chain's rules when it enters the
+// base chain, the element generation at each map lookup. A new connection that
+// entered nat-prerouting just before the commit then runs the old rule against the
+// new generation, in which the old rule's anonymous map has no active element; the
+// lookup misses, the rule does not DNAT, and the SYN reaches cluster-ips-check and is
+// rejected (TestSyncsUnderLoad saw about one "connection refused" in 25,000 requests).
+// Rules that carry their targets as immediate data have no such window: the old
+// rules still DNAT, to the old endpoints.
+func pickRules(match string, verdicts []string) []string {
+	out := make([]string, len(verdicts))
+	for i, v := range verdicts {
+		if left := len(verdicts) - i; left > 1 {
+			v = fmt.Sprintf("numgen random mod %d 0 %s", left, v)
+		}
+		out[i] = knftables.Concat(match, v)
+	}
+	return out
 }
 
 // serviceChainName matches the chains that belong to a service port: a prefix, the

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -103,7 +105,7 @@ func TestNFTablesPartialSync(t *testing.T) {
 	st := sampleState()
 	require.NoError(t, w.Sync(ctx, st))
 	fullDump := fake.Dump()
-	assert.Contains(t, fullDump, "dnat ip addr . port to numgen random mod 2 map { 0 : 10.180.0.4 . 80 , 1 : 10.180.0.5 . 80 }")
+	assert.Contains(t, fullDump, "meta l4proto tcp numgen random mod 2 0 dnat to 10.180.0.4:80\nadd rule ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 meta l4proto tcp dnat to 10.180.0.5:80\n")
 
 	t.Run("same state writes nothing", func(t *testing.T) {
 		out, err := w.DryRun(ctx, st)
@@ -290,5 +292,39 @@ func TestIPTablesMatchesKubeProxy(t *testing.T) {
 		`-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`,
 	} {
 		assert.Contains(t, out, line+"\n")
+	}
+}
+
+// TestPickRules: the cascade that replaces kube-proxy's anonymous numgen vmap takes
+// every verdict with probability 1/n and uses no set, so a packet evaluating the
+// previous rules during a commit still finds a target.
+func TestPickRules(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 7} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			var verdicts []string
+			for i := range n {
+				verdicts = append(verdicts, fmt.Sprintf("dnat to 10.0.0.%d:80", i+1))
+			}
+			got := pickRules("meta l4proto tcp", verdicts)
+			require.Len(t, got, n)
+			reach := 1.0 // probability that a packet reaches rule i
+			for i, r := range got {
+				assert.NotContains(t, r, "{", "rule %d uses an anonymous set: %s", i, r)
+				require.True(t, strings.HasPrefix(r, "meta l4proto tcp "), r)
+				require.True(t, strings.HasSuffix(r, " "+verdicts[i]), r)
+				take := 1.0
+				if i < n-1 {
+					var k int
+					_, err := fmt.Sscanf(r, "meta l4proto tcp numgen random mod %d 0 ", &k)
+					require.NoError(t, err, r)
+					take = 1 / float64(k)
+				} else {
+					assert.NotContains(t, r, "numgen", "the last rule is unconditional")
+				}
+				assert.InDelta(t, 1/float64(n), reach*take, 1e-9, "verdict %d", i)
+				reach *= 1 - take
+			}
+			assert.InDelta(t, 0, reach, 1e-9, "every packet is DNATed")
+		})
 	}
 }
