@@ -361,12 +361,18 @@ func (cp *ControlPlane) CreateNode(tb testing.TB, name string) *corev1.Node {
 // StopAPIServer stops kube-apiserver (SIGTERM, then SIGKILL after 10s); etcd keeps running.
 func (cp *ControlPlane) StopAPIServer(tb testing.TB) {
 	tb.Helper()
+	cp.stopPeer(tb, &cp.apiserver, "kube-apiserver")
+}
+
+// stopPeer stops the process in *slot and clears it; a slot already empty fails the test.
+func (cp *ControlPlane) stopPeer(tb testing.TB, slot **testenv.Process, name string) {
+	tb.Helper()
 	cp.mu.Lock()
-	p := cp.apiserver
-	cp.apiserver = nil
+	p := *slot
+	*slot = nil
 	cp.mu.Unlock()
 	if p == nil {
-		tb.Fatalf("control plane: kube-apiserver is not running")
+		tb.Fatalf("control plane: %s is not running", name)
 	}
 	p.Stop(10 * time.Second)
 }
@@ -385,14 +391,7 @@ func (cp *ControlPlane) StartAPIServer(tb testing.TB) {
 // StopControllerManager stops kube-controller-manager.
 func (cp *ControlPlane) StopControllerManager(tb testing.TB) {
 	tb.Helper()
-	cp.mu.Lock()
-	p := cp.kcm
-	cp.kcm = nil
-	cp.mu.Unlock()
-	if p == nil {
-		tb.Fatalf("control plane: kube-controller-manager is not running")
-	}
-	p.Stop(10 * time.Second)
+	cp.stopPeer(tb, &cp.kcm, "kube-controller-manager")
 }
 
 // StartControllerManager starts kube-controller-manager (again) with the same flags.
