@@ -3,7 +3,6 @@ package probe_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -56,18 +55,7 @@ func TestDensity(t *testing.T) {
 	port := 80
 	switch mode {
 	case "tcp":
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer ln.Close()
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
+		ln := closingListener(t)
 		_, port = hostPort(t, ln.Addr().String())
 		p := probe.NewProber(probe.Options{ResetTCPProbes: true})
 		runner = countingRunner{p, &probes}

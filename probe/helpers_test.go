@@ -49,3 +49,22 @@ func execSpec(cmd ...string) *corev1.Probe {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// closingListener is a loopback TCP listener that accepts every connection and closes
+// it at once: a tcpSocket probe's healthy target. It closes on test cleanup.
+func closingListener(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return ln
+}

@@ -210,18 +210,7 @@ func TestNoLeaksAcrossManyProbes(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") }))
 	defer srv.Close()
 	host, hport := serverHostPort(t, srv)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	ln := closingListener(t)
 	_, tport := hostPort(t, ln.Addr().String())
 	_, ghost, gport := grpcServer(t, false)
 	_ = ghost

@@ -22,18 +22,7 @@ import (
 )
 
 func TestTCPProbe(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	ln := closingListener(t)
 	host, port := hostPort(t, ln.Addr().String())
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -70,14 +70,8 @@ func (c *IPTablesConfig) setDefaults() error {
 	if !iptablesPrefixSyntax.MatchString(c.Prefix) {
 		return fmt.Errorf("%w: chain prefix %q (want 1 to 7 upper-case letters or digits)", ErrInvalidConfig, c.Prefix)
 	}
-	if c.MasqueradeMark == 0 {
-		c.MasqueradeMark = DefaultMasqueradeMark
-	}
-	if c.MasqueradeMark&(c.MasqueradeMark-1) != 0 {
-		return fmt.Errorf("%w: masquerade mark %#x is not a single bit", ErrInvalidConfig, c.MasqueradeMark)
-	}
-	if c.ClusterCIDR.IsValid() && !c.ClusterCIDR.Addr().Is4() {
-		return fmt.Errorf("%w: cluster CIDR %v is not IPv4", ErrInvalidConfig, c.ClusterCIDR)
+	if err := defaultMarkAndCIDR(&c.MasqueradeMark, c.ClusterCIDR); err != nil {
+		return err
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}

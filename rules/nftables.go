@@ -52,6 +52,21 @@ const (
 // DefaultMasqueradeMark is kube-proxy's default masquerade bit.
 const DefaultMasqueradeMark uint32 = 0x4000
 
+// defaultMarkAndCIDR defaults and checks what both writers' configs share: the
+// masquerade mark must be one bit, and the cluster CIDR, when set, IPv4.
+func defaultMarkAndCIDR(mark *uint32, clusterCIDR netip.Prefix) error {
+	if *mark == 0 {
+		*mark = DefaultMasqueradeMark
+	}
+	if *mark&(*mark-1) != 0 {
+		return fmt.Errorf("%w: masquerade mark %#x is not a single bit", ErrInvalidConfig, *mark)
+	}
+	if clusterCIDR.IsValid() && !clusterCIDR.Addr().Is4() {
+		return fmt.Errorf("%w: cluster CIDR %v is not IPv4", ErrInvalidConfig, clusterCIDR)
+	}
+	return nil
+}
+
 // NFTablesConfig configures the nftables writer. The zero value writes kube-proxy's
 // own table with kube-proxy's defaults.
 type NFTablesConfig struct {
@@ -96,14 +111,8 @@ func (c *NFTablesConfig) setDefaults() error {
 	if len(c.Table) > 63 || !dns1123Label.MatchString(c.Table) {
 		return fmt.Errorf("%w: table name %q", ErrInvalidConfig, c.Table)
 	}
-	if c.MasqueradeMark == 0 {
-		c.MasqueradeMark = DefaultMasqueradeMark
-	}
-	if c.MasqueradeMark&(c.MasqueradeMark-1) != 0 {
-		return fmt.Errorf("%w: masquerade mark %#x is not a single bit", ErrInvalidConfig, c.MasqueradeMark)
-	}
-	if c.ClusterCIDR.IsValid() && !c.ClusterCIDR.Addr().Is4() {
-		return fmt.Errorf("%w: cluster CIDR %v is not IPv4", ErrInvalidConfig, c.ClusterCIDR)
+	if err := defaultMarkAndCIDR(&c.MasqueradeMark, c.ClusterCIDR); err != nil {
+		return err
 	}
 	for _, p := range c.ServiceCIDRs {
 		if !p.IsValid() || !p.Addr().Is4() {
