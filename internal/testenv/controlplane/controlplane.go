@@ -259,7 +259,11 @@ func (cp *ControlPlane) readyz(ctx context.Context) error {
 		}
 		cp.admin = admin
 	}
-	body, err := cp.admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	// Each attempt gets its own short deadline: a request that hangs while the server
+	// is starting must not use up the whole start-up wait (seen once in CI-like runs).
+	attempt, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	body, err := cp.admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(attempt)
 	if err != nil {
 		return fmt.Errorf("/readyz: %w (%s)", err, body)
 	}
