@@ -31,6 +31,16 @@
 //     are expanded from the container's static env like the kubelet's.
 //   - An attempt that returns an error is retried, 3 attempts in all; a Failure is not.
 //
+// # How probes are made
+//
+// To cost a fraction of the kubelet's allocations per probe, plain-http
+// httpGet probes speak HTTP/1.1 directly on the socket (http.ReadResponse for
+// the reply, http.Client's redirect rules reproduced), grpc probes speak the
+// health check directly over HTTP/2, and IP literals are connected without
+// net.Dialer; requests, results and messages are the kubelet's (upstream/probe
+// compares them). https hops, h2c and gRPC TLS mode go through net/http and
+// grpc-go as before. docs/probe.md has the details and figures.
+//
 // # Manager timing rules
 //
 // Initial results: readiness Failure, liveness Success, startup Unknown. The
@@ -54,6 +64,7 @@
 //
 // # Requirements
 //
-// No root and no Linux-only features beyond SO_LINGER; OSExecer uses process
-// groups (Unix).
+// No root. The direct dial of IP literals is Linux-only (elsewhere probes dial
+// through net.Dialer); SO_LINGER is set as the kubelet does; OSExecer uses
+// process groups (Unix).
 package probe

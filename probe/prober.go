@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -79,6 +80,9 @@ type Prober struct {
 	transport *http.Transport
 	h2c       *http.Transport
 	dialer    *net.Dialer
+	// defaultHeader is the headers of an httpGet probe that sets none. Shared
+	// by every such probe, so never modified.
+	defaultHeader http.Header
 }
 
 // NewProber returns a Prober with opts.
@@ -113,7 +117,8 @@ func NewProber(opts Options) *Prober {
 		Protocols:          new(http.Protocols),
 	}
 	h2c.Protocols.SetUnencryptedHTTP2(true)
-	return &Prober{opts: opts, transport: tr, h2c: h2c, dialer: d}
+	return &Prober{opts: opts, transport: tr, h2c: h2c, dialer: d,
+		defaultHeader: http.Header{"User-Agent": {opts.UserAgent}, "Accept": {"*/*"}}}
 }
 
 // probeDialer sets SO_LINGER on with a 1 s timeout on every probe socket, as the
@@ -210,15 +215,14 @@ func (p *Prober) attempt(ctx context.Context, spec *corev1.Probe, target Target)
 		}
 		return p.probeExec(ctx, target.ContainerID, ExpandCommand(spec.Exec.Command, env), timeout)
 	case spec.HTTPGet != nil:
+		if !p.opts.EnableH2C || spec.HTTPGet.Protocol == nil || *spec.HTTPGet.Protocol != corev1.HTTPProtocolHTTP2 {
+			return p.probeHTTPGet(ctx, spec.HTTPGet, target, timeout)
+		}
 		req, err := p.newHTTPRequest(ctx, spec.HTTPGet, target)
 		if err != nil {
 			return Result{Kind: Unknown}, err
 		}
-		tr := p.transport
-		if p.opts.EnableH2C && spec.HTTPGet.Protocol != nil && *spec.HTTPGet.Protocol == corev1.HTTPProtocolHTTP2 {
-			tr = p.h2c
-		}
-		return p.probeHTTP(ctx, req, tr, timeout)
+		return p.probeHTTP(ctx, req, p.h2c, timeout)
 	case spec.TCPSocket != nil:
 		port, err := resolvePort(spec.TCPSocket.Port, target.Container)
 		if err != nil {
@@ -228,7 +232,7 @@ func (p *Prober) attempt(ctx context.Context, spec *corev1.Probe, target Target)
 		if host == "" {
 			host = target.Host
 		}
-		return p.probeTCP(ctx, net.JoinHostPort(host, strconv.Itoa(port)), timeout), nil
+		return p.probeTCP(ctx, host, port, timeout), nil
 	case spec.GRPC != nil:
 		service := ""
 		if spec.GRPC.Service != nil {
@@ -342,7 +346,22 @@ func readAtMost(r io.Reader, limit int) ([]byte, error) {
 	return buf, nil
 }
 
-func (p *Prober) probeTCP(ctx context.Context, addr string, timeout time.Duration) Result {
+func (p *Prober) probeTCP(ctx context.Context, host string, port int, timeout time.Duration) Result {
+	if ap, ok := literalAddrPort(host, port); ok {
+		var linger int32 = 1
+		if p.opts.ResetTCPProbes {
+			linger = 0
+		}
+		f, err := dialIP(ctx, ap, probeDeadline(ctx, timeout), linger)
+		if err != nil {
+			return Result{Kind: Failure, Message: err.Error()}
+		}
+		if err := f.Close(); err != nil {
+			logr.FromContextOrDiscard(ctx).Error(err, "Unexpected error closing TCP probe socket", "addr", ap.String())
+		}
+		return Result{Kind: Success}
+	}
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
 	d := *p.dialer
 	d.Timeout = timeout
 	conn, err := d.DialContext(ctx, "tcp", addr)
@@ -360,7 +379,35 @@ func (p *Prober) probeTCP(ctx context.Context, addr string, timeout time.Duratio
 	return Result{Kind: Success}
 }
 
+// literalAddrPort parses host as an IP literal without a zone, for the direct
+// dial path; names, zones and the empty host go through net.Dialer, whose
+// resolver and scope handling they need.
+func literalAddrPort(host string, port int) (netip.AddrPort, bool) {
+	if !dialFast || port < 1 || port > 65535 {
+		return netip.AddrPort{}, false
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil || a.Zone() != "" {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(a, uint16(port)), true
+}
+
+// probeDeadline is when an attempt started now with timeout must end: the
+// earlier of now+timeout and ctx's deadline, as net.Dialer and http.Client
+// combine them.
+func probeDeadline(ctx context.Context, timeout time.Duration) time.Time {
+	d := time.Now().Add(timeout)
+	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
+		return cd
+	}
+	return d
+}
+
 func (p *Prober) probeGRPC(ctx context.Context, host, service string, port int, timeout time.Duration, useTLS bool) Result {
+	if !useTLS {
+		return p.probeGRPCDirect(ctx, host, service, port, timeout)
+	}
 	creds := insecure.NewCredentials()
 	if useTLS {
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // as the kubelet's
