@@ -12,12 +12,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 )
 
 func splitHostPort(t testing.TB, addr string) (string, int) {
@@ -251,4 +254,145 @@ func newHTTPServers(t testing.TB) (host string, port, tlsPort int) {
 	host, port = urlHostPort(t, s.URL)
 	_, tlsPort = urlHostPort(t, ts.URL)
 	return host, port, tlsPort
+}
+
+// readHead returns the request line and headers as received.
+func readHead(r *bufio.Reader) (string, error) {
+	var head strings.Builder
+	for {
+		l, err := r.ReadString('\n')
+		if err != nil {
+			return head.String(), err
+		}
+		head.WriteString(l)
+		if l == "\r\n" {
+			return head.String(), nil
+		}
+	}
+}
+
+// echo answers 200 with the request head it received as the body, so the
+// probe's message shows the exact bytes the prober sent. /to-echo redirects
+// (relative) to /echo, /to-abs-echo to http://127.0.0.1:port/echo.
+func echo(c net.Conn, stop <-chan struct{}) {
+	head, err := readHead(bufio.NewReader(c))
+	if err != nil {
+		return
+	}
+	switch {
+	case strings.HasPrefix(head, "GET /to-echo "):
+		fmt.Fprint(c, "HTTP/1.1 302 Found\r\nLocation: /echo\r\nContent-Length: 0\r\n\r\n")
+	case strings.HasPrefix(head, "GET /to-abs-echo "):
+		fmt.Fprintf(c, "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://%s/echo\r\nContent-Length: 0\r\n\r\n", c.LocalAddr())
+	default:
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(head), head)
+	}
+}
+
+// canned answers every request with resp, then closes.
+func canned(resp string) func(c net.Conn, stop <-chan struct{}) {
+	return func(c net.Conn, stop <-chan struct{}) {
+		if _, err := readHead(bufio.NewReader(c)); err != nil {
+			return
+		}
+		_, _ = io.WriteString(c, resp)
+	}
+}
+
+// fullBacklog returns a loopback port whose listener never accepts and whose
+// accept queue is full, so new connections hang in SYN_SENT: a connect timeout
+// without touching any network but loopback.
+func fullBacklog(t testing.TB) int {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := sa.(*syscall.SockaddrInet4).Port
+	var fill []net.Conn
+	t.Cleanup(func() {
+		for _, c := range fill {
+			c.Close()
+		}
+		syscall.Close(fd)
+	})
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	for range 8 {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err != nil {
+			return port // the queue is full
+		}
+		fill = append(fill, c)
+	}
+	t.Fatal("accept queue never filled")
+	return 0
+}
+
+// scriptedHealth answers Check by service name with a chosen status or error.
+type scriptedHealth struct {
+	healthpb.UnimplementedHealthServer
+}
+
+func (scriptedHealth) Check(_ context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	switch req.Service {
+	case "perm":
+		return nil, status.Error(codes.PermissionDenied, "not 100% allowed: ünïcode\nand a newline")
+	case "unavailable":
+		return nil, status.Error(codes.Unavailable, "busy")
+	case "deadline":
+		return nil, status.Error(codes.DeadlineExceeded, "server says slow")
+	case "seven":
+		return &healthpb.HealthCheckResponse{Status: 7}, nil
+	case "service-unknown":
+		return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVICE_UNKNOWN}, nil
+	case "unknown-status":
+		return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_UNKNOWN}, nil
+	}
+	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+}
+
+// scriptedGRPC starts a gRPC server running scriptedHealth.
+func scriptedGRPC(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	healthpb.RegisterHealthServer(s, scriptedHealth{})
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(s.Stop)
+	_, p := splitHostPort(t, ln.Addr().String())
+	return p
+}
+
+// h2cServer starts a cleartext HTTP/2 server that is not gRPC: it answers
+// every request with code and a text body.
+func h2cServer(t testing.TB, code int) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(code)
+		fmt.Fprint(w, "not grpc")
+	})}
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	_, p := splitHostPort(t, ln.Addr().String())
+	return p
 }
