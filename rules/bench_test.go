@@ -62,8 +62,9 @@ func BenchmarkNFTables(b *testing.B) {
 				i := 0
 				for b.Loop() {
 					i++
+					// Every iteration changes one service port (8080 <-> 8081).
 					svc := &st.Services[i%len(st.Services)]
-					svc.Endpoints[0].Port = 8080 + i%2
+					svc.Endpoints[0].Port ^= 1
 					require.NoError(b, env.Node.Do(func() error { return w.Sync(ctx, st) }))
 				}
 			})

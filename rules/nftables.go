@@ -91,6 +91,12 @@ type NFTablesConfig struct {
 	Clock clock.PassiveClock
 	// Metrics receives sync results. Nil means none.
 	Metrics Metrics
+	// Applier is how syncs reach the kernel. Empty means NFTablesNetlink: one
+	// netlink batch per sync, from this process. NFTablesCLI pipes the same
+	// payload to `nft -f -` instead, for hosts that forbid the process its own
+	// netlink socket but allow the nft binary. Read-back (ReadBack, Drift, Trace)
+	// runs `nft list` either way.
+	Applier NFTablesApplier
 }
 
 // Metrics receives the outcome of each sync; the agents adapt it to Prometheus.
@@ -130,6 +136,13 @@ func (c *NFTablesConfig) setDefaults() error {
 	if c.Metrics == nil {
 		c.Metrics = noMetrics{}
 	}
+	switch c.Applier {
+	case "":
+		c.Applier = NFTablesNetlink
+	case NFTablesNetlink, NFTablesCLI:
+	default:
+		return fmt.Errorf("%w: nftables applier %q is not %q or %q", ErrInvalidConfig, c.Applier, NFTablesNetlink, NFTablesCLI)
+	}
 	return nil
 }
 
@@ -138,7 +151,10 @@ func (c *NFTablesConfig) setDefaults() error {
 // syncs are serialised.
 type NFTables struct {
 	cfg NFTablesConfig
+	// nft renders transactions and serves read-back.
 	nft knftables.Interface
+	// applier writes transactions into the kernel.
+	applier nftApplier
 	// chainText reads one chain's rules for read-back; nil runs `nft list chain`.
 	chainText chainReader
 
@@ -152,13 +168,16 @@ type NFTables struct {
 	stale map[string]bool
 	// baseRecreated is set once the first sync re-created the base chains.
 	baseRecreated bool
+	// gen numbers transactions (see svcRules.mark).
+	gen uint64
 }
 
 // NewNFTables checks that nft (>= 1.0.1) works and returns a writer. It touches no
 // rules: the first Sync writes the table.
 //
-// The nft process inherits the calling thread's network namespace; to write into
-// another namespace, call NewNFTables and Sync on a thread switched into it.
+// Syncs (the netlink socket, or the nft process with NFTablesCLI) and read-back use
+// the calling thread's network namespace; to write into another namespace, call
+// NewNFTables and Sync on a thread switched into it.
 func NewNFTables(cfg NFTablesConfig) (*NFTables, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
@@ -167,7 +186,11 @@ func NewNFTables(cfg NFTablesConfig) (*NFTables, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables for table ip %s: %w", cfg.Table, err)
 	}
-	return &NFTables{cfg: cfg, nft: nft, stale: map[string]bool{}}, nil
+	w := &NFTables{cfg: cfg, nft: nft, applier: cliApplier{nft}, stale: map[string]bool{}}
+	if cfg.Applier == NFTablesNetlink {
+		w.applier = newNetlinkApplier(cfg.Table)
+	}
+	return w, nil
 }
 
 // newNFTablesWith builds a writer on any knftables.Interface: the package's seam
@@ -176,7 +199,7 @@ func newNFTablesWith(cfg NFTablesConfig, nft knftables.Interface) (*NFTables, er
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &NFTables{cfg: cfg, nft: nft, stale: map[string]bool{}}, nil
+	return &NFTables{cfg: cfg, nft: nft, applier: cliApplier{nft}, stale: map[string]bool{}}, nil
 }
 
 // RenderNFTables returns the exact nft payload a first, full sync of st writes,
@@ -201,7 +224,7 @@ func (w *NFTables) DryRun(ctx context.Context, st *State) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return tx.String(), nil
+	return tx.render(w.nft).String(), nil
 }
 
 // Sync makes the table match st in one atomic transaction: either all of it applies
@@ -215,10 +238,10 @@ func (w *NFTables) Sync(ctx context.Context, st *State) error {
 	log := logr.FromContextOrDiscard(ctx)
 	start := w.cfg.Clock.Now()
 	full := w.applied == nil
-	tx, plan, newStale, err := w.transaction(ctx, st)
-	if err == nil && tx.NumOperations() > 0 {
-		if rerr := w.nft.Run(ctx, tx); rerr != nil {
-			err = fmt.Errorf("%w: nftables table ip %s (%d operations): %w", ErrApplyFailed, w.cfg.Table, tx.NumOperations(), rerr)
+	tx, commit, newStale, err := w.transaction(ctx, st)
+	if err == nil && len(tx.ops) > 0 {
+		if rerr := w.applier.apply(ctx, tx); rerr != nil {
+			err = fmt.Errorf("%w: nftables table ip %s (%d operations, %s): %w", ErrApplyFailed, w.cfg.Table, len(tx.ops), w.cfg.Applier, rerr)
 		}
 	}
 	took := w.cfg.Clock.Since(start)
@@ -226,17 +249,17 @@ func (w *NFTables) Sync(ctx context.Context, st *State) error {
 	if err != nil {
 		// A refused transaction applied nothing, so the previous rules still
 		// serve; the next sync is full anyway, in case something else changed the
-		// table. Invalid input (plan == nil) never reached the kernel.
-		if plan != nil {
+		// table. Invalid input (commit == nil) never reached the kernel.
+		if commit != nil {
 			w.applied = nil
 		}
 		log.Error(err, "nftables sync failed", "table", w.cfg.Table, "full", full)
 		return err
 	}
-	w.applied = plan
+	commit()
 	w.stale = newStale
 	w.baseRecreated = true
-	log.V(4).Info("nftables sync done", "table", w.cfg.Table, "full", full, "operations", tx.NumOperations(), "took", took)
+	log.V(4).Info("nftables sync done", "table", w.cfg.Table, "full", full, "operations", len(tx.ops), "took", took)
 	return nil
 }
 
@@ -250,20 +273,121 @@ func (w *NFTables) ForceFullSync() {
 	w.applied = nil
 }
 
-// nftPlan is the compiled desired state: chains with their rules, and the elements
-// of every map and set.
+// nftPlan is what the last successful sync wrote: every service port compiled, and
+// the elements of every map and set with the number of service ports that want
+// each one (two ports of one service share their cluster IP's element).
 type nftPlan struct {
-	chains     map[string][]string // service, external and endpoint chains
-	chainOrder []string
-	// sig holds, per chain, what besides its rules makes it "changed": the
-	// affinity timeout of the sets its rules use.
-	sig          map[string]string
-	affinitySets map[string]time.Duration
-	elements     map[string]map[string]*knftables.Element // container -> key -> element
+	services map[svcID]*svcRules
+	elements map[string]map[string]*knftables.Element // container -> key -> element
+	refs     map[string]map[string]int                // container -> key -> users
+	// dests is which service port claims each destination, to check a partial
+	// sync's changed ports against the others without validating all again.
+	dests map[svcDest]svcID
+}
+
+// newPlan makes an empty plan with room for services ports and their elements.
+func newPlan(services []*svcRules) *nftPlan {
+	p := &nftPlan{services: make(map[svcID]*svcRules, len(services)), elements: map[string]map[string]*knftables.Element{},
+		refs: map[string]map[string]int{}, dests: make(map[svcDest]svcID, len(services))}
+	size := map[string]int{}
+	for _, r := range services {
+		for _, e := range r.elements {
+			size[elementContainer(e)]++
+		}
+	}
+	for _, c := range containers {
+		p.elements[c.name] = make(map[string]*knftables.Element, size[c.name])
+		p.refs[c.name] = make(map[string]int, size[c.name])
+	}
+	return p
+}
+
+func (p *nftPlan) addElement(e *knftables.Element) {
+	c, k := elementContainer(e), elementKey(e)
+	p.elements[c][k] = e
+	p.refs[c][k]++
+}
+
+func (p *nftPlan) dropElement(e *knftables.Element) {
+	c, k := elementContainer(e), elementKey(e)
+	if p.refs[c][k]--; p.refs[c][k] <= 0 {
+		delete(p.refs[c], k)
+		delete(p.elements[c], k)
+	}
+}
+
+// svcRules is one service port compiled: its chains in order, its affinity sets,
+// its map and set elements, and a copy of the input they came from.
+type svcRules struct {
+	id  svcID
+	svc Service
+	// mark is the number of the last transaction that found the port in its
+	// state, to find the removed ones without another map.
+	mark     uint64
+	chains   []*svcChain
+	affinity map[string]time.Duration
+	elements []*knftables.Element
+}
+
+// svcChain is one chain of a service port.
+type svcChain struct {
+	name  string
+	rules []string
+	// sig holds what besides its rules makes the chain "changed": the affinity
+	// timeout of the sets its rules use.
+	sig string
+}
+
+// svcID identifies a service port, as State.Validate does: its chains are named
+// after the same.
+type svcID struct {
+	namespace, name, port string
+	proto                 Protocol
+}
+
+func idOf(s *Service) svcID { return svcID{s.Namespace, s.Name, s.PortName, s.Protocol} }
+
+func (id svcID) String() string {
+	s := Service{Namespace: id.namespace, Name: id.name, PortName: id.port}
+	return s.PortNameString()
+}
+
+// svcDest is a destination a service port claims: an IP, protocol and port, or
+// (zero IP) a node port.
+type svcDest struct {
+	ip    netip.Addr
+	proto Protocol
+	port  int
+}
+
+func serviceDests(s *Service) []svcDest {
+	d := []svcDest{{s.ClusterIP, s.Protocol, s.Port}}
+	for _, ip := range slices.Concat(s.ExternalIPs, s.LoadBalancerIPs) {
+		d = append(d, svcDest{ip, s.Protocol, s.Port})
+	}
+	if s.NodePort != 0 {
+		d = append(d, svcDest{netip.Addr{}, s.Protocol, s.NodePort})
+	}
+	return d
+}
+
+// serviceSame reports whether two service ports compile to the same rules.
+func serviceSame(a, b *Service) bool {
+	return a.Namespace == b.Namespace && a.Name == b.Name && a.PortName == b.PortName && a.Protocol == b.Protocol &&
+		a.ClusterIP == b.ClusterIP && a.Port == b.Port && a.NodePort == b.NodePort &&
+		slices.Equal(a.ExternalIPs, b.ExternalIPs) && slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) &&
+		slices.Equal(a.Endpoints, b.Endpoints) && a.AffinityTimeout == b.AffinityTimeout && a.NoEndpoints == b.NoEndpoints
 }
 
 // elementKey identifies an element within its container.
 func elementKey(e *knftables.Element) string { return strings.Join(e.Key, " . ") }
+
+func elementContainer(e *knftables.Element) string {
+	if e.Set != "" {
+		return e.Set
+	}
+	return e.Map
+}
 
 // elementSame reports whether two elements with the same key are written identically.
 func elementSame(a, b *knftables.Element) bool {
@@ -295,117 +419,94 @@ func (w *NFTables) masqueradeRule() string {
 	return fmt.Sprintf("mark set mark or %#x", w.cfg.MasqueradeMark)
 }
 
-// compile turns the desired state into chains and elements.
-func (w *NFTables) compile(st *State) (*nftPlan, error) {
-	if err := st.Validate(); err != nil {
-		return nil, err
-	}
-	p := &nftPlan{
-		chains:       map[string][]string{},
-		sig:          map[string]string{},
-		affinitySets: map[string]time.Duration{},
-		elements:     map[string]map[string]*knftables.Element{},
-	}
-	for _, c := range containers {
-		p.elements[c.name] = map[string]*knftables.Element{}
-	}
-	addChain := func(name string, rules ...string) {
-		if _, ok := p.chains[name]; !ok {
-			p.chainOrder = append(p.chainOrder, name)
+// compileService turns one (valid) service port into its chains and elements.
+func (w *NFTables) compileService(s *Service) *svcRules {
+	r := &svcRules{id: idOf(s), svc: *s, affinity: map[string]time.Duration{}}
+	r.svc.ExternalIPs = slices.Clone(s.ExternalIPs)
+	r.svc.LoadBalancerIPs = slices.Clone(s.LoadBalancerIPs)
+	r.svc.Endpoints = slices.Clone(s.Endpoints)
+	byName := map[string]*svcChain{}
+	addChain := func(name string, rules ...string) *svcChain {
+		c, ok := byName[name]
+		if !ok {
+			c = &svcChain{name: name}
+			byName[name] = c
+			r.chains = append(r.chains, c)
 		}
-		p.chains[name] = append(p.chains[name], rules...)
+		c.rules = append(c.rules, rules...)
+		return c
 	}
-	addElem := func(e *knftables.Element) {
-		c := e.Set
-		if c == "" {
-			c = e.Map
+	addElem := func(e *knftables.Element) { r.elements = append(r.elements, e) }
+
+	proto := s.Protocol.lower()
+	port := strconv.Itoa(s.Port)
+	base := nftServiceBase(s)
+	svcChain := nftServicePrefix + base
+	extChain := nftExternalPrefix + base
+	comment := s.PortNameString()
+	external := slices.Concat(s.ExternalIPs, s.LoadBalancerIPs)
+	addElem(&knftables.Element{Set: setClusterIPs, Key: []string{s.ClusterIP.String()}})
+
+	if len(s.Endpoints) == 0 {
+		verdict := "goto " + chainReject
+		if s.NoEndpoints == Drop {
+			verdict = "drop"
 		}
-		p.elements[c][elementKey(e)] = e
-	}
-	if len(w.cfg.NodePortAddresses) > 0 {
-		for _, a := range w.cfg.NodePortAddresses {
-			addElem(&knftables.Element{Set: setNodePortIPs, Key: []string{a.String()}})
+		for _, ip := range append([]netip.Addr{s.ClusterIP}, external...) {
+			addElem(&knftables.Element{Map: mapNoEndpointServices, Key: []string{ip.String(), proto, port},
+				Value: []string{verdict}, Comment: &comment})
 		}
+		if s.NodePort != 0 {
+			addElem(&knftables.Element{Map: mapNoEndpointNodePorts, Key: []string{proto, strconv.Itoa(s.NodePort)},
+				Value: []string{verdict}, Comment: &comment})
+		}
+		return r
 	}
 
-	svcs := make([]*Service, len(st.Services))
-	for i := range st.Services {
-		svcs[i] = &st.Services[i]
-	}
-	slices.SortStableFunc(svcs, func(a, b *Service) int {
-		return cmp.Or(cmp.Compare(a.PortNameString(), b.PortNameString()), cmp.Compare(a.Protocol, b.Protocol))
-	})
-	for _, s := range svcs {
-		proto := s.Protocol.lower()
-		port := strconv.Itoa(s.Port)
-		base := nftServiceBase(s)
-		svcChain := nftServicePrefix + base
-		extChain := nftExternalPrefix + base
-		comment := s.PortNameString()
-		external := slices.Concat(s.ExternalIPs, s.LoadBalancerIPs)
-		addElem(&knftables.Element{Set: setClusterIPs, Key: []string{s.ClusterIP.String()}})
-
-		if len(s.Endpoints) == 0 {
-			verdict := "goto " + chainReject
-			if s.NoEndpoints == Drop {
-				verdict = "drop"
-			}
-			for _, ip := range append([]netip.Addr{s.ClusterIP}, external...) {
-				addElem(&knftables.Element{Map: mapNoEndpointServices, Key: []string{ip.String(), proto, port},
-					Value: []string{verdict}, Comment: &comment})
-			}
-			if s.NodePort != 0 {
-				addElem(&knftables.Element{Map: mapNoEndpointNodePorts, Key: []string{proto, strconv.Itoa(s.NodePort)},
-					Value: []string{verdict}, Comment: &comment})
-			}
-			continue
-		}
-
-		if s.AffinityTimeout == 0 {
-			var dnats []string
-			for _, ep := range s.Endpoints {
-				dnats = append(dnats, fmt.Sprintf("dnat to %s", ep))
-			}
-			addChain(svcChain, pickRules("meta l4proto "+proto, dnats)...)
-		} else {
-			var jumps, gotos []string
-			for _, ep := range s.Endpoints {
-				epBase := nftEndpointBase(s, ep)
-				epChain, set := nftEndpointPrefix+epBase, nftAffinityPrefix+epBase
-				p.affinitySets[set] = s.AffinityTimeout
-				jumps = append(jumps, fmt.Sprintf("ip saddr @%s goto %s", set, epChain))
-				gotos = append(gotos, "goto "+epChain)
-			}
-			addChain(svcChain, jumps...)
-			p.sig[svcChain] = s.AffinityTimeout.String()
-			addChain(svcChain, pickRules("", gotos)...)
-			for _, ep := range s.Endpoints {
-				epBase := nftEndpointBase(s, ep)
-				p.sig[nftEndpointPrefix+epBase] = s.AffinityTimeout.String()
-				addChain(nftEndpointPrefix+epBase,
-					fmt.Sprintf("update @%s { ip saddr }", nftAffinityPrefix+epBase),
-					fmt.Sprintf("meta l4proto %s dnat to %s", proto, ep))
-			}
-		}
-		addElem(&knftables.Element{Map: mapServiceIPs, Key: []string{s.ClusterIP.String(), proto, port},
-			Value: []string{"goto " + svcChain}})
-		if len(external) > 0 || s.NodePort != 0 {
-			addChain(extChain, w.masqueradeRule()+` comment "masquerade"`, "goto "+svcChain)
-			for _, ip := range external {
-				addElem(&knftables.Element{Map: mapServiceIPs, Key: []string{ip.String(), proto, port},
-					Value: []string{"goto " + extChain}})
-			}
-			if s.NodePort != 0 {
-				addElem(&knftables.Element{Map: mapServiceNodePorts, Key: []string{proto, strconv.Itoa(s.NodePort)},
-					Value: []string{"goto " + extChain}})
-			}
-		}
+	if s.AffinityTimeout == 0 {
+		dnats := make([]string, 0, len(s.Endpoints))
 		for _, ep := range s.Endpoints {
-			addElem(&knftables.Element{Set: setHairpinConnections,
-				Key: []string{ep.IP.String(), ep.IP.String(), proto, strconv.Itoa(ep.Port)}})
+			dnats = append(dnats, "dnat to "+ep.String())
+		}
+		addChain(svcChain, pickRules("meta l4proto "+proto, dnats)...)
+	} else {
+		var jumps, gotos []string
+		for _, ep := range s.Endpoints {
+			epBase := nftEndpointBase(s, ep)
+			epChain, set := nftEndpointPrefix+epBase, nftAffinityPrefix+epBase
+			r.affinity[set] = s.AffinityTimeout
+			jumps = append(jumps, fmt.Sprintf("ip saddr @%s goto %s", set, epChain))
+			gotos = append(gotos, "goto "+epChain)
+		}
+		c := addChain(svcChain, jumps...)
+		c.sig = s.AffinityTimeout.String()
+		addChain(svcChain, pickRules("", gotos)...)
+		for _, ep := range s.Endpoints {
+			epBase := nftEndpointBase(s, ep)
+			c := addChain(nftEndpointPrefix+epBase,
+				fmt.Sprintf("update @%s { ip saddr }", nftAffinityPrefix+epBase),
+				fmt.Sprintf("meta l4proto %s dnat to %s", proto, ep))
+			c.sig = s.AffinityTimeout.String()
 		}
 	}
-	return p, nil
+	addElem(&knftables.Element{Map: mapServiceIPs, Key: []string{s.ClusterIP.String(), proto, port},
+		Value: []string{"goto " + svcChain}})
+	if len(external) > 0 || s.NodePort != 0 {
+		addChain(extChain, w.masqueradeRule()+` comment "masquerade"`, "goto "+svcChain)
+		for _, ip := range external {
+			addElem(&knftables.Element{Map: mapServiceIPs, Key: []string{ip.String(), proto, port},
+				Value: []string{"goto " + extChain}})
+		}
+		if s.NodePort != 0 {
+			addElem(&knftables.Element{Map: mapServiceNodePorts, Key: []string{proto, strconv.Itoa(s.NodePort)},
+				Value: []string{"goto " + extChain}})
+		}
+	}
+	for _, ep := range s.Endpoints {
+		addElem(&knftables.Element{Set: setHairpinConnections,
+			Key: []string{ep.IP.String(), ep.IP.String(), proto, strconv.Itoa(ep.Port)}})
+	}
+	return r
 }
 
 // pickRules turns n terminal verdicts into n rules (each starting with match) that
@@ -443,36 +544,76 @@ var serviceChainName = regexp.MustCompile(`^(service|external|endpoint|local|fir
 func isServiceChain(name string) bool { return serviceChainName.MatchString(name) }
 
 // transaction builds the transaction that takes the kernel from w.applied (or from
-// whatever is there, on a full sync) to st. It returns the plan and the chains that
-// will be stale after it.
-func (w *NFTables) transaction(ctx context.Context, st *State) (*knftables.Transaction, *nftPlan, map[string]bool, error) {
-	plan, err := w.compile(st)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	tx := w.nft.NewTransaction()
+// whatever is there, on a full sync) to st. It returns the function that records the
+// transaction as applied (nil when st is invalid) and the chains that will be stale
+// after it.
+//
+// A partial sync costs in proportion to what changed: service ports equal to the
+// ones last written are not compiled again, and only the elements of the changed
+// ones are compared.
+func (w *NFTables) transaction(ctx context.Context, st *State) (*nftTx, func(), map[string]bool, error) {
 	prev := w.applied
 	full := prev == nil
-	var existingChains, existingSets []string
+	var changed, olds []*svcRules
+	var removed []svcID
+	var err error
+	if full {
+		if err := st.Validate(); err != nil {
+			return nil, nil, nil, err
+		}
+		for i := range st.Services {
+			changed = append(changed, w.compileService(&st.Services[i]))
+		}
+	} else if changed, olds, removed, err = w.changes(st, prev); err != nil {
+		return nil, nil, nil, err
+	}
+	size := 64
+	for _, r := range changed {
+		size += 2*len(r.chains) + len(r.elements)
+		for _, c := range r.chains {
+			size += len(c.rules)
+		}
+	}
+	tx := &nftTx{ops: make([]nftOp, 0, size)}
+	slices.SortStableFunc(changed, func(a, b *svcRules) int {
+		return cmp.Or(cmp.Compare(a.svc.PortNameString(), b.svc.PortNameString()), cmp.Compare(a.svc.Protocol, b.svc.Protocol))
+	})
+
+	wantChains := make(map[string]*svcChain, len(changed))
+	wantAffinity := map[string]time.Duration{}
+	for _, r := range changed {
+		for _, c := range r.chains {
+			wantChains[c.name] = c
+		}
+		maps.Copy(wantAffinity, r.affinity)
+	}
+	oldChains := map[string]*svcChain{}
+	oldAffinity := map[string]time.Duration{}
+	for _, r := range olds {
+		for _, c := range r.chains {
+			oldChains[c.name] = c
+		}
+		maps.Copy(oldAffinity, r.affinity)
+	}
+	var existingChains []string
 	if full {
 		w.writeBase(tx)
 		// Whatever a previous writer left: chains to flush, affinity sets to delete.
-		// A missing table is not an error (first run).
-		if existingChains, err = w.nft.List(ctx, "chain"); err != nil && !knftables.IsNotFound(err) {
+		var existingSets []string
+		if existingChains, err = w.applier.list(ctx, "chain"); err != nil {
 			return nil, nil, nil, fmt.Errorf("%w: list chains of table ip %s: %w", ErrApplyFailed, w.cfg.Table, err)
 		}
-		if existingSets, err = w.nft.List(ctx, "set"); err != nil && !knftables.IsNotFound(err) {
+		if existingSets, err = w.applier.list(ctx, "set"); err != nil {
 			return nil, nil, nil, fmt.Errorf("%w: list sets of table ip %s: %w", ErrApplyFailed, w.cfg.Table, err)
 		}
-		prev = &nftPlan{chains: map[string][]string{}, sig: map[string]string{}, affinitySets: map[string]time.Duration{}}
 		for _, c := range existingChains {
 			if isServiceChain(c) {
-				prev.chains[c] = nil
+				oldChains[c] = &svcChain{name: c}
 			}
 		}
 		for _, s := range existingSets {
 			if strings.HasPrefix(s, nftAffinityPrefix) {
-				prev.affinitySets[s] = -1
+				oldAffinity[s] = -1
 			}
 		}
 	}
@@ -480,95 +621,248 @@ func (w *NFTables) transaction(ctx context.Context, st *State) (*knftables.Trans
 	// 1. Chains that are new or changed, created and emptied first: every chain
 	// exists before any rule jumps to one, and no rule still uses a set that step 3
 	// re-creates.
-	var changed []string
-	for _, name := range plan.chainOrder {
-		if old, ok := prev.chains[name]; ok && !full && slices.Equal(old, plan.chains[name]) && prev.sig[name] == plan.sig[name] {
-			continue
+	var changedChains []*svcChain
+	for _, r := range changed {
+		for _, c := range r.chains {
+			if old, ok := oldChains[c.name]; ok && !full && slices.Equal(old.rules, c.rules) && old.sig == c.sig {
+				continue
+			}
+			changedChains = append(changedChains, c)
+			tx.add(&knftables.Chain{Name: c.name})
+			tx.flush(&knftables.Chain{Name: c.name})
 		}
-		changed = append(changed, name)
-		tx.Add(&knftables.Chain{Name: name})
-		tx.Flush(&knftables.Chain{Name: name})
 	}
 	// 2. Chains no longer wanted: flushed now, deleted by the next sync.
 	newStale := map[string]bool{}
-	for _, name := range slices.Sorted(maps.Keys(prev.chains)) {
-		if _, ok := plan.chains[name]; !ok && !w.stale[name] {
-			tx.Flush(&knftables.Chain{Name: name})
+	for _, name := range slices.Sorted(maps.Keys(oldChains)) {
+		if _, ok := wantChains[name]; !ok && !w.stale[name] {
+			tx.flush(&knftables.Chain{Name: name})
 			newStale[name] = true
 		}
 	}
 	// 3. Affinity sets. Adding an existing identical set is a no-op, so a full sync
 	// keeps the affinity entries; a known change of timeout re-creates the set
 	// (its users were emptied in step 1, as the timeout is part of their signature).
-	for _, name := range slices.Sorted(maps.Keys(plan.affinitySets)) {
-		timeout := plan.affinitySets[name]
-		old, ok := prev.affinitySets[name]
+	for _, name := range slices.Sorted(maps.Keys(wantAffinity)) {
+		timeout := wantAffinity[name]
+		old, ok := oldAffinity[name]
 		if ok && old == timeout {
 			continue
 		}
 		if ok && old > 0 {
-			tx.Delete(&knftables.Set{Name: name})
+			tx.delete(&knftables.Set{Name: name})
 		}
-		tx.Add(&knftables.Set{Name: name, Type: "ipv4_addr",
+		tx.add(&knftables.Set{Name: name, Type: "ipv4_addr",
 			Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}, Timeout: &timeout})
 	}
 	// 4. The rules of the changed chains.
-	for _, name := range changed {
-		for _, r := range plan.chains[name] {
-			tx.Add(&knftables.Rule{Chain: name, Rule: r})
+	for _, c := range changedChains {
+		for _, r := range c.rules {
+			rule, comment := splitComment(r)
+			tx.add(&knftables.Rule{Chain: c.name, Rule: rule, Comment: comment})
 		}
 	}
+
 	// Elements: a full sync flushes every container and adds all; a partial one
-	// deletes what went and adds what came or changed.
-	for _, c := range containers {
-		want := plan.elements[c.name]
-		var have map[string]*knftables.Element
-		if full {
+	// deletes what went and adds what came or changed, among the elements of the
+	// changed service ports.
+	var commit func()
+	if full {
+		plan := newPlan(changed)
+		for _, a := range w.cfg.NodePortAddresses {
+			plan.addElement(&knftables.Element{Set: setNodePortIPs, Key: []string{a.String()}})
+		}
+		for _, r := range changed {
+			plan.services[r.id] = r
+			for _, e := range r.elements {
+				plan.addElement(e)
+			}
+			for _, d := range serviceDests(&r.svc) {
+				plan.dests[d] = r.id
+			}
+		}
+		for _, c := range containers {
 			if c.name == setNodePortIPs && len(w.cfg.NodePortAddresses) == 0 {
 				continue // the set does not exist in this configuration
 			}
 			if c.isMap {
-				tx.Flush(&knftables.Map{Name: c.name})
+				tx.flush(&knftables.Map{Name: c.name})
 			} else {
-				tx.Flush(&knftables.Set{Name: c.name})
+				tx.flush(&knftables.Set{Name: c.name})
 			}
-		} else {
-			have = w.applied.elements[c.name]
-		}
-		for _, k := range slices.Sorted(maps.Keys(have)) {
-			if e, ok := want[k]; !ok || !elementSame(e, have[k]) {
-				tx.Delete(have[k])
+			for _, k := range slices.Sorted(maps.Keys(plan.elements[c.name])) {
+				tx.add(plan.elements[c.name][k])
 			}
 		}
-		for _, k := range slices.Sorted(maps.Keys(want)) {
-			if e, ok := have[k]; ok && elementSame(e, want[k]) {
-				continue
+		commit = func() { w.applied = plan }
+	} else {
+		w.elementChanges(tx, prev, changed, olds)
+		commit = func() {
+			for _, r := range olds {
+				for _, e := range r.elements {
+					prev.dropElement(e)
+				}
+				for _, d := range serviceDests(&r.svc) {
+					if prev.dests[d] == r.id {
+						delete(prev.dests, d)
+					}
+				}
 			}
-			tx.Add(want[k])
+			for _, id := range removed {
+				delete(prev.services, id)
+			}
+			for _, r := range changed {
+				prev.services[r.id] = r
+				for _, e := range r.elements {
+					prev.addElement(e)
+				}
+				for _, d := range serviceDests(&r.svc) {
+					prev.dests[d] = r.id
+				}
+			}
 		}
 	}
+
 	for _, name := range slices.Sorted(maps.Keys(w.stale)) {
-		if _, ok := plan.chains[name]; ok {
+		if _, ok := wantChains[name]; ok {
 			continue // wanted again: it was re-added and written above
 		}
 		if full && !slices.Contains(existingChains, name) {
 			continue
 		}
-		tx.Delete(&knftables.Chain{Name: name})
+		tx.delete(&knftables.Chain{Name: name})
 	}
 	// Affinity sets no longer wanted: their rules were flushed above.
-	for _, name := range slices.Sorted(maps.Keys(prev.affinitySets)) {
-		if _, ok := plan.affinitySets[name]; !ok {
-			tx.Delete(&knftables.Set{Name: name})
+	for _, name := range slices.Sorted(maps.Keys(oldAffinity)) {
+		if _, ok := wantAffinity[name]; !ok {
+			tx.delete(&knftables.Set{Name: name})
 		}
 	}
-	return tx, plan, newStale, nil
+	return tx, commit, newStale, nil
+}
+
+// changes finds what a partial sync must write: the new compiled form of new or
+// changed service ports, the old form of changed or removed ones, and the removed
+// ones. It validates as State.Validate does, but only what changed: a port equal to
+// one already written was valid then, and a clash of destinations needs a changed
+// port on one side.
+func (w *NFTables) changes(st *State, prev *nftPlan) (changed, olds []*svcRules, removed []svcID, err error) {
+	w.gen++
+	gen := w.gen
+	var added map[svcID]bool
+	for i := range st.Services {
+		s := &st.Services[i]
+		id := idOf(s)
+		old := prev.services[id]
+		if old != nil && old.mark == gen || added[id] {
+			return nil, nil, nil, fmt.Errorf("%w: service port %q (%s) listed twice", ErrInvalidState, s.PortNameString(), s.Protocol)
+		}
+		if old != nil {
+			old.mark = gen
+			if serviceSame(&old.svc, s) {
+				continue
+			}
+			olds = append(olds, old)
+		} else {
+			if added == nil {
+				added = map[svcID]bool{}
+			}
+			added[id] = true
+		}
+		if err := s.Validate(); err != nil {
+			return nil, nil, nil, err
+		}
+		changed = append(changed, w.compileService(s))
+	}
+	for id, old := range prev.services {
+		if old.mark != gen {
+			olds = append(olds, old)
+			removed = append(removed, id)
+		}
+	}
+	void := make(map[svcID]bool, len(olds))
+	for _, r := range olds {
+		void[r.id] = true
+	}
+	claimed := map[svcDest]svcID{}
+	for _, r := range changed {
+		for _, d := range serviceDests(&r.svc) {
+			o, ok := claimed[d]
+			if !ok {
+				if o, ok = prev.dests[d]; ok && void[o] {
+					ok = false
+				}
+			}
+			if ok && o != r.id {
+				return nil, nil, nil, fmt.Errorf("%w: service ports %q and %q both claim %v %s/%d",
+					ErrInvalidState, o, r.svc.PortNameString(), d.ip, d.proto, d.port)
+			}
+			claimed[d] = r.id
+		}
+	}
+	return changed, olds, removed, nil
+}
+
+// elementChanges writes, per container, the deletes and then the adds that take the
+// elements of prev to those after replacing olds by changed.
+func (w *NFTables) elementChanges(tx *nftTx, prev *nftPlan, changed, olds []*svcRules) {
+	type touch struct {
+		refs int
+		want *knftables.Element
+	}
+	touched := map[string]map[string]*touch{}
+	get := func(e *knftables.Element) *touch {
+		c, k := elementContainer(e), elementKey(e)
+		if touched[c] == nil {
+			touched[c] = map[string]*touch{}
+		}
+		t := touched[c][k]
+		if t == nil {
+			t = &touch{refs: prev.refs[c][k], want: prev.elements[c][k]}
+			touched[c][k] = t
+		}
+		return t
+	}
+	for _, r := range olds {
+		for _, e := range r.elements {
+			get(e).refs--
+		}
+	}
+	for _, r := range changed {
+		for _, e := range r.elements {
+			t := get(e)
+			t.refs++
+			t.want = e
+		}
+	}
+	for _, c := range containers {
+		keys := slices.Sorted(maps.Keys(touched[c.name]))
+		have := prev.elements[c.name]
+		var adds []*knftables.Element
+		for _, k := range keys {
+			t := touched[c.name][k]
+			want := t.want
+			if t.refs <= 0 {
+				want = nil
+			}
+			old, had := have[k]
+			if had && (want == nil || !elementSame(want, old)) {
+				tx.delete(old)
+			}
+			if want != nil && (!had || !elementSame(want, old)) {
+				adds = append(adds, want)
+			}
+		}
+		for _, e := range adds {
+			tx.add(e)
+		}
+	}
 }
 
 // writeBase writes the table, base chains, top-level chains, maps and sets, as
 // kube-proxy's setup does on a full sync.
-func (w *NFTables) writeBase(tx *knftables.Transaction) {
-	tx.Add(&knftables.Table{Comment: knftables.PtrTo("rules for kube-proxy")})
+func (w *NFTables) writeBase(tx *nftTx) {
+	tx.add(&knftables.Table{Comment: knftables.PtrTo("rules for kube-proxy")})
 	base := []struct {
 		name     string
 		typ      knftables.BaseChainType
@@ -588,14 +882,14 @@ func (w *NFTables) writeBase(tx *knftables.Transaction) {
 		// Re-create base chains once, so a changed hook or priority left by an
 		// older writer does not fail the transaction.
 		for _, b := range base {
-			tx.Add(&knftables.Chain{Name: b.name})
-			tx.Delete(&knftables.Chain{Name: b.name})
+			tx.add(&knftables.Chain{Name: b.name})
+			tx.delete(&knftables.Chain{Name: b.name})
 		}
 	}
 	for _, b := range base {
 		c := &knftables.Chain{Name: b.name, Type: knftables.PtrTo(b.typ), Hook: knftables.PtrTo(b.hook), Priority: knftables.PtrTo(b.priority)}
-		tx.Add(c)
-		tx.Flush(c)
+		tx.add(c)
+		tx.flush(c)
 	}
 	created := map[string]bool{}
 	ensure := func(name string) {
@@ -603,8 +897,8 @@ func (w *NFTables) writeBase(tx *knftables.Transaction) {
 			return
 		}
 		created[name] = true
-		tx.Add(&knftables.Chain{Name: name})
-		tx.Flush(&knftables.Chain{Name: name})
+		tx.add(&knftables.Chain{Name: name})
+		tx.flush(&knftables.Chain{Name: name})
 	}
 	for _, j := range []struct{ dst, src, extra string }{
 		{chainNodePortEndpointsCheck, chainFilterInput, "ct state new"},
@@ -620,72 +914,82 @@ func (w *NFTables) writeBase(tx *knftables.Transaction) {
 		{chainClusterIPsCheck, chainFilterOutput, "ct state new"},
 	} {
 		ensure(j.dst)
-		tx.Add(&knftables.Rule{Chain: j.src, Rule: knftables.Concat(j.extra, "jump", j.dst)})
+		tx.add(&knftables.Rule{Chain: j.src, Rule: knftables.Concat(j.extra, "jump", j.dst)})
 	}
 	for _, c := range []string{chainServices, chainClusterIPsCheck, chainMasquerading} {
 		ensure(c)
 	}
 	mark := fmt.Sprintf("%#x", w.cfg.MasqueradeMark)
-	tx.Add(&knftables.Set{Name: setHairpinConnections, Type: "ipv4_addr . ipv4_addr . inet_proto . inet_service",
+	tx.add(&knftables.Set{Name: setHairpinConnections, Type: "ipv4_addr . ipv4_addr . inet_proto . inet_service",
 		Comment: knftables.PtrTo("service hairpin connections")})
-	tx.Add(&knftables.Rule{Chain: chainMasquerading,
+	tx.add(&knftables.Rule{Chain: chainMasquerading,
 		Rule: knftables.Concat("mark and", mark, "!= 0 mark set mark xor", mark, "masquerade fully-random")})
-	tx.Add(&knftables.Rule{Chain: chainMasquerading,
+	tx.add(&knftables.Rule{Chain: chainMasquerading,
 		Rule: "ct status dnat ip saddr . ip daddr . meta l4proto . th dport @" + setHairpinConnections + " masquerade fully-random"})
-	tx.Add(&knftables.Set{Name: setClusterIPs, Type: "ipv4_addr", Comment: knftables.PtrTo("Active ClusterIPs")})
-	tx.Add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: "ip daddr @" + setClusterIPs + " reject",
+	tx.add(&knftables.Set{Name: setClusterIPs, Type: "ipv4_addr", Comment: knftables.PtrTo("Active ClusterIPs")})
+	tx.add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: "ip daddr @" + setClusterIPs + " reject",
 		Comment: knftables.PtrTo("Reject traffic to invalid ports of ClusterIPs")})
-	if len(w.cfg.ServiceCIDRs) > 0 {
-		var cidrs []string
-		for _, p := range w.cfg.ServiceCIDRs {
-			cidrs = append(cidrs, p.Masked().String())
-		}
-		tx.Add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: "ip daddr { " + strings.Join(cidrs, ", ") + " } drop",
+	// kube-proxy puts all service CIDRs in one anonymous set; one rule per CIDR
+	// (each a one-element set, which nft compiles to a plain match) drops the same
+	// packets and needs no anonymous set in the netlink encoding.
+	for _, p := range w.cfg.ServiceCIDRs {
+		tx.add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: "ip daddr { " + p.Masked().String() + " } drop",
 			Comment: knftables.PtrTo("Drop traffic to unallocated ClusterIPs")})
 	}
-	tx.Add(&knftables.Set{Name: setNodePortIPs, Type: "ipv4_addr", Comment: knftables.PtrTo("IPs that accept NodePort traffic")})
+	tx.add(&knftables.Set{Name: setNodePortIPs, Type: "ipv4_addr", Comment: knftables.PtrTo("IPs that accept NodePort traffic")})
 	matchAllNodePorts := len(w.cfg.NodePortAddresses) == 0
 	if matchAllNodePorts {
-		tx.Delete(&knftables.Set{Name: setNodePortIPs})
+		tx.delete(&knftables.Set{Name: setNodePortIPs})
 	}
-	tx.Add(&knftables.Map{Name: mapNoEndpointServices, Type: "ipv4_addr . inet_proto . inet_service : verdict",
+	tx.add(&knftables.Map{Name: mapNoEndpointServices, Type: "ipv4_addr . inet_proto . inet_service : verdict",
 		Comment: knftables.PtrTo("vmap to drop or reject packets to services with no endpoints")})
-	tx.Add(&knftables.Map{Name: mapNoEndpointNodePorts, Type: "inet_proto . inet_service : verdict",
+	tx.add(&knftables.Map{Name: mapNoEndpointNodePorts, Type: "inet_proto . inet_service : verdict",
 		Comment: knftables.PtrTo("vmap to drop or reject packets to service nodeports with no endpoints")})
-	tx.Add(&knftables.Chain{Name: chainReject, Comment: knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")})
-	tx.Flush(&knftables.Chain{Name: chainReject})
-	tx.Add(&knftables.Rule{Chain: chainReject, Rule: "reject"})
-	tx.Add(&knftables.Rule{Chain: chainServiceEndpointsCheck, Rule: "ip daddr . meta l4proto . th dport vmap @" + mapNoEndpointServices})
+	tx.add(&knftables.Chain{Name: chainReject, Comment: knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")})
+	tx.flush(&knftables.Chain{Name: chainReject})
+	tx.add(&knftables.Rule{Chain: chainReject, Rule: "reject"})
+	tx.add(&knftables.Rule{Chain: chainServiceEndpointsCheck, Rule: "ip daddr . meta l4proto . th dport vmap @" + mapNoEndpointServices})
 	if matchAllNodePorts {
-		tx.Add(&knftables.Rule{Chain: chainNodePortEndpointsCheck,
+		tx.add(&knftables.Rule{Chain: chainNodePortEndpointsCheck,
 			Rule: "ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})
 	} else {
-		tx.Add(&knftables.Rule{Chain: chainNodePortEndpointsCheck,
+		tx.add(&knftables.Rule{Chain: chainNodePortEndpointsCheck,
 			Rule: "ip daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})
 	}
-	tx.Add(&knftables.Map{Name: mapFirewallIPs, Type: "ipv4_addr . inet_proto . inet_service : verdict",
+	tx.add(&knftables.Map{Name: mapFirewallIPs, Type: "ipv4_addr . inet_proto . inet_service : verdict",
 		Comment: knftables.PtrTo("destinations that are subject to LoadBalancerSourceRanges")})
 	ensure(chainFirewallCheck)
-	tx.Add(&knftables.Rule{Chain: chainFirewallCheck, Rule: "ip daddr . meta l4proto . th dport vmap @" + mapFirewallIPs})
-	tx.Add(&knftables.Map{Name: mapServiceIPs, Type: "ipv4_addr . inet_proto . inet_service : verdict",
+	tx.add(&knftables.Rule{Chain: chainFirewallCheck, Rule: "ip daddr . meta l4proto . th dport vmap @" + mapFirewallIPs})
+	tx.add(&knftables.Map{Name: mapServiceIPs, Type: "ipv4_addr . inet_proto . inet_service : verdict",
 		Comment: knftables.PtrTo("ClusterIP, ExternalIP and LoadBalancer IP traffic")})
-	tx.Add(&knftables.Map{Name: mapServiceNodePorts, Type: "inet_proto . inet_service : verdict",
+	tx.add(&knftables.Map{Name: mapServiceNodePorts, Type: "inet_proto . inet_service : verdict",
 		Comment: knftables.PtrTo("NodePort traffic")})
 	switch {
 	case w.cfg.MasqueradeAll:
-		tx.Add(&knftables.Rule{Chain: chainServices, Rule: "ip daddr @" + setClusterIPs + " " + w.masqueradeRule(),
+		tx.add(&knftables.Rule{Chain: chainServices, Rule: "ip daddr @" + setClusterIPs + " " + w.masqueradeRule(),
 			Comment: knftables.PtrTo("masquerade all clusterIP traffic")})
 	case w.cfg.ClusterCIDR.IsValid():
-		tx.Add(&knftables.Rule{Chain: chainServices,
+		tx.add(&knftables.Rule{Chain: chainServices,
 			Rule:    "ip daddr @" + setClusterIPs + " ip saddr != " + w.cfg.ClusterCIDR.Masked().String() + " " + w.masqueradeRule(),
 			Comment: knftables.PtrTo("masquerade clusterIP traffic from outside cluster")})
 	}
-	tx.Add(&knftables.Rule{Chain: chainServices, Rule: "ip daddr . meta l4proto . th dport vmap @" + mapServiceIPs})
+	tx.add(&knftables.Rule{Chain: chainServices, Rule: "ip daddr . meta l4proto . th dport vmap @" + mapServiceIPs})
 	if matchAllNodePorts {
-		tx.Add(&knftables.Rule{Chain: chainServices,
+		tx.add(&knftables.Rule{Chain: chainServices,
 			Rule: "fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @" + mapServiceNodePorts})
 	} else {
-		tx.Add(&knftables.Rule{Chain: chainServices,
+		tx.add(&knftables.Rule{Chain: chainServices,
 			Rule: "ip daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapServiceNodePorts})
 	}
+}
+
+// splitComment separates a trailing ` comment "..."` from a compiled rule: the
+// comment travels as the rule's comment, which renders to the same text.
+func splitComment(rule string) (string, *string) {
+	i := strings.Index(rule, ` comment "`)
+	if i < 0 || !strings.HasSuffix(rule, `"`) {
+		return rule, nil
+	}
+	c := rule[i+len(` comment "`) : len(rule)-1]
+	return rule[:i], &c
 }

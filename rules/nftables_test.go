@@ -220,6 +220,7 @@ func TestNFTablesConfigValidation(t *testing.T) {
 		{"mark not one bit", NFTablesConfig{MasqueradeMark: 0x4001}},
 		{"IPv6 cluster CIDR", NFTablesConfig{ClusterCIDR: netip.MustParsePrefix("fd00::/64")}},
 		{"IPv6 node port address", NFTablesConfig{NodePortAddresses: []netip.Addr{ip("::1")}}},
+		{"unknown applier", NFTablesConfig{Applier: "ebpf"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := RenderNFTables(tc.cfg, &State{})
