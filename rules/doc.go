@@ -42,6 +42,10 @@
 // packet then escapes DNAT and cluster-ips-check rejects it. Rules with immediate
 // targets keep working through the switch, so no new connection is lost.
 //
+// Two more: with several service CIDRs, cluster-ips-check has one drop rule per CIDR
+// (`ip daddr { CIDR } drop`) where kube-proxy puts them all in one anonymous set; and
+// the writer never uses anonymous sets at all, so its netlink encoding stays simple.
+//
 // The table name is configurable (NFTablesConfig.Table), so nodekit can run beside a
 // real kube-proxy without touching its table.
 //
@@ -64,9 +68,9 @@
 //
 // # Sync: full, partial, atomic
 //
-// NFTables.Sync writes one nft transaction, so it applies whole or not at all: a refused
-// transaction leaves the previous rules serving and returns an error wrapping
-// ErrApplyFailed with nft's message. The first sync (and the one after a failure) is
+// NFTables.Sync writes one nf_tables transaction, so it applies whole or not at all: a
+// refused transaction leaves the previous rules serving and returns an error wrapping
+// ErrApplyFailed that names the command the kernel refused. The first sync (and the one after a failure) is
 // full: base objects are re-declared, every map and set is flushed and refilled and
 // every service chain rewritten, all in the same transaction, so there is no moment
 // without rules. Later syncs are partial: only service ports whose chains changed are
@@ -76,10 +80,24 @@
 // chain just unreferenced by a map element may not be deletable in the same
 // transaction on older kernels.
 //
+// The transaction reaches the kernel through an applier (NFTablesConfig.Applier). The
+// default, NFTablesNetlink, encodes it as nf_tables netlink messages (expressions
+// through github.com/google/nftables) and sends them as one nfnetlink batch from a
+// socket of the calling thread's namespace: no nft process, and a partial sync reads
+// nothing from the kernel. NFTablesCLI pipes the text payload to `nft -f -` instead,
+// for hosts that allow the nft binary but not a process's own netlink socket; nft then
+// lists the whole table before every transaction, so its partial syncs grow with the
+// table. Both write the same rules: `nft list table` shows the same text whichever
+// applier wrote it (TestNFTablesNetlinkMatchesCLI). The netlink applier translates the
+// closed set of rules this package writes; a rule outside it is an error before
+// anything is sent, never a rule silently dropped.
+//
 // # Dry run
 //
 // RenderNFTables returns the exact payload a first full sync writes, as nft input;
-// NFTables.DryRun returns what the next Sync would write. Both touch nothing.
+// NFTables.DryRun returns what the next Sync would write. Both touch nothing. The text
+// and the netlink batch are made from the same list of commands, so the text is the
+// readable form of what the netlink applier sends.
 //
 // # Conntrack
 //
@@ -90,12 +108,16 @@
 //
 // # Concurrency and context
 //
-// Each writer serialises its syncs. ctx bounds the nft process; cancelling it kills
-// nft, and the kernel applies the transaction whole or not at all.
+// Each writer serialises its syncs. With the netlink applier, ctx is checked before the
+// batch is sent and its deadline bounds the wait for the kernel's answer (the kernel
+// processes the batch during the send, so there is nothing to interrupt); with the
+// nft CLI, ctx bounds the nft process and cancelling it kills nft. Either way the
+// kernel applies the transaction whole or not at all.
 //
 // # Requirements
 //
 // Linux with nf_tables (kernel >= 5.13 for the layout kube-proxy uses), nft >= 1.0.1
-// and CAP_NET_ADMIN in the network namespace being written. The nft process inherits
-// the calling thread's network namespace.
+// (NewNFTables checks it; read-back runs `nft list`) and CAP_NET_ADMIN in the network
+// namespace being written. The netlink socket, or the nft process, belongs to the
+// calling thread's network namespace.
 package rules
