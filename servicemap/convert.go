@@ -28,6 +28,15 @@ const DefaultStickyMaxAgeSeconds = v1.DefaultClientIPServiceAffinitySeconds
 // parseIP accepts what kube-proxy accepts (IPv4 with leading zeros included) and
 // returns the address in its canonical 4- or 16-byte form.
 func parseIP(s string) (netip.Addr, bool) {
+	// Fast path, no allocation: netip accepts the canonical forms. It also accepts
+	// IPv6 zones, which kube-proxy does not; it rejects IPv4 with leading zeros,
+	// which kube-proxy accepts, so those take the slow path.
+	if a, err := netip.ParseAddr(s); err == nil {
+		if a.Zone() != "" {
+			return netip.Addr{}, false
+		}
+		return a.Unmap(), true
+	}
 	ip := netutils.ParseIPSloppy(s)
 	if ip == nil {
 		return netip.Addr{}, false
@@ -230,7 +239,7 @@ func sliceFamily(t discovery.AddressType) (v1.IPFamily, bool) {
 // sliceEndpoints converts a slice's endpoints (without ports), skipping those a
 // proxy cannot use: no address, an address that is not an IP, or one of the wrong
 // family for the slice's addressType.
-func sliceEndpoints(log logr.Logger, es *discovery.EndpointSlice, fam v1.IPFamily) []Endpoint {
+func sliceEndpoints(log logr.Logger, topos *topologies, es *discovery.EndpointSlice, fam v1.IPFamily) []Endpoint {
 	out := make([]Endpoint, 0, len(es.Endpoints))
 	for i := range es.Endpoints {
 		e := &es.Endpoints[i]
@@ -248,37 +257,13 @@ func sliceEndpoints(log logr.Logger, es *discovery.EndpointSlice, fam v1.IPFamil
 				"endpointSlice", klogRef(es.Namespace, es.Name), "address", e.Addresses[0], "addressType", es.AddressType)
 			continue
 		}
-		ep := Endpoint{
+		out = append(out, Endpoint{
 			Addr:        ip,
 			Ready:       CondOf(e.Conditions.Ready),
 			Serving:     CondOf(e.Conditions.Serving),
 			Terminating: CondOf(e.Conditions.Terminating),
-		}
-		if e.NodeName != nil {
-			ep.NodeName = *e.NodeName
-		}
-		if e.Zone != nil {
-			ep.Zone = *e.Zone
-		}
-		if h := e.Hints; h != nil {
-			if len(h.ForZones) > 0 {
-				ep.ZoneHints = make([]string, len(h.ForZones))
-				for j, z := range h.ForZones {
-					ep.ZoneHints[j] = z.Name
-				}
-				slices.Sort(ep.ZoneHints)
-				ep.ZoneHints = slices.Compact(ep.ZoneHints)
-			}
-			if len(h.ForNodes) > 0 {
-				ep.NodeHints = make([]string, len(h.ForNodes))
-				for j, n := range h.ForNodes {
-					ep.NodeHints[j] = n.Name
-				}
-				slices.Sort(ep.NodeHints)
-				ep.NodeHints = slices.Compact(ep.NodeHints)
-			}
-		}
-		out = append(out, ep)
+			Topology:    topos.get(e),
+		})
 	}
 	return out
 }

@@ -64,13 +64,19 @@
 //
 // # Change tracking and cost
 //
-// Events only record the latest object and mark its service dirty (Pending fires).
-// Consume rebuilds the dirty services from their Service and slices, compares them
-// with the previous state and reports the ports that differ. The map is a persistent
-// hash trie: a changed service costs O(size of that service + log32 of the number of
-// services), and a Snapshot is a pointer to a trie root that later changes never
-// touch, so any number of goroutines can read it without locks while the Tracker
-// moves on.
+// An event converts its object at once into the few fields a proxy needs and marks
+// its service dirty (Pending fires); the Tracker keeps no API object. Consume
+// rebuilds the dirty services from their converted Service and slices, compares
+// them with the previous state and reports the ports that differ. The map is a
+// persistent hash trie: a changed service costs O(size of that service + log32 of
+// the number of services), and a Snapshot is a pointer to a trie root that later
+// changes never touch, so any number of goroutines can read it without locks while
+// the Tracker moves on.
+//
+// Memory is shared wherever nothing changed: a port fed by a single one-port slice
+// uses that slice's endpoint list as is, a service's converted ports are the
+// snapshot's ports, an unchanged service keeps its very ports from one snapshot to
+// the next, and endpoints in the same place share one Topology (node, zone, hints).
 //
 // # Concurrency and cancellation
 //

@@ -76,17 +76,19 @@ func (e *Endpoint) Dump() string {
 	if e.Terminating != CondUnset {
 		b.WriteString(" terminating=" + e.Terminating.String())
 	}
-	if e.NodeName != "" {
-		b.WriteString(" node=" + e.NodeName)
-	}
-	if e.Zone != "" {
-		b.WriteString(" zone=" + e.Zone)
-	}
-	if len(e.ZoneHints) > 0 {
-		b.WriteString(" zoneHints=" + strings.Join(e.ZoneHints, ","))
-	}
-	if len(e.NodeHints) > 0 {
-		b.WriteString(" nodeHints=" + strings.Join(e.NodeHints, ","))
+	if tp := e.Topology; tp != nil {
+		if tp.NodeName != "" {
+			b.WriteString(" node=" + tp.NodeName)
+		}
+		if tp.Zone != "" {
+			b.WriteString(" zone=" + tp.Zone)
+		}
+		if len(tp.ZoneHints) > 0 {
+			b.WriteString(" zoneHints=" + strings.Join(tp.ZoneHints, ","))
+		}
+		if len(tp.NodeHints) > 0 {
+			b.WriteString(" nodeHints=" + strings.Join(tp.NodeHints, ","))
+		}
 	}
 	return b.String()
 }

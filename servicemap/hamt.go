@@ -3,6 +3,7 @@ package servicemap
 import (
 	"hash/maphash"
 	"math/bits"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -33,26 +34,39 @@ func hashName(n types.NamespacedName) uint64 {
 	return h.Sum64()
 }
 
-type hamtEntry struct {
-	key types.NamespacedName
-	val *serviceEntry
-}
-
 // hamtNode is an inner node: bitmap marks which of the 32 slots are present and
 // children holds them in slot order, each a *hamtNode or a *hamtLeaf.
+//
+// gen is the batch that created the node (0: none). Within one batch, set may
+// change the nodes that batch created in place: no snapshot has seen them yet.
+// This spares a large batch (the initial sync) a path copy per insert.
 type hamtNode struct {
 	bitmap   uint32
+	gen      uint64
 	children []any
 }
 
+// hamtLeaf holds one key; keys whose full 64-bit hashes collide are chained
+// through next (never in practice, but lookups stay exact).
 type hamtLeaf struct {
-	hash    uint64
-	entries []hamtEntry // more than one only on a full 64-bit hash collision
+	hash uint64
+	key  types.NamespacedName
+	val  *serviceEntry
+	next *hamtLeaf
 }
 
 type hamt struct {
 	root *hamtNode
 	size int
+	// hashFn replaces hashName when set (tests use it to force collisions).
+	hashFn func(types.NamespacedName) uint64
+}
+
+func (m hamt) hash(key types.NamespacedName) uint64 {
+	if m.hashFn != nil {
+		return m.hashFn(key)
+	}
+	return hashName(key)
 }
 
 func slot(hash uint64, depth int) uint32 {
@@ -67,7 +81,7 @@ func (m hamt) get(key types.NamespacedName) (*serviceEntry, bool) {
 	if m.root == nil {
 		return nil, false
 	}
-	h := hashName(key)
+	h := m.hash(key)
 	n := m.root
 	for depth := 0; ; depth++ {
 		bit := uint32(1) << slot(h, depth)
@@ -78,9 +92,12 @@ func (m hamt) get(key types.NamespacedName) (*serviceEntry, bool) {
 		case *hamtNode:
 			n = c
 		case *hamtLeaf:
-			for _, e := range c.entries {
-				if e.key == key {
-					return e.val, true
+			if c.hash != h {
+				return nil, false
+			}
+			for l := c; l != nil; l = l.next {
+				if l.key == key {
+					return l.val, true
 				}
 			}
 			return nil, false
@@ -90,25 +107,40 @@ func (m hamt) get(key types.NamespacedName) (*serviceEntry, bool) {
 
 // set returns a map with key bound to val; m is unchanged.
 func (m hamt) set(key types.NamespacedName, val *serviceEntry) hamt {
-	h := hashName(key)
+	return m.setInBatch(key, val, 0)
+}
+
+// setInBatch is set as part of batch gen (non-zero): nodes created earlier in the
+// same batch are changed in place, so every map returned during the batch but the
+// last must be dropped. A batch ends when its result is published (a Snapshot);
+// the next batch must use a new gen.
+func (m hamt) setInBatch(key types.NamespacedName, val *serviceEntry, gen uint64) hamt {
+	h := m.hash(key)
 	root := m.root
 	if root == nil {
-		root = &hamtNode{}
+		root = &hamtNode{gen: gen}
 	}
-	newRoot, added := setIn(root, 0, h, key, val)
+	newRoot, added := setIn(root, 0, h, key, val, gen)
 	if added {
 		m.size++
 	}
-	return hamt{root: newRoot, size: m.size}
+	return hamt{root: newRoot, size: m.size, hashFn: m.hashFn}
 }
 
-func setIn(n *hamtNode, depth int, h uint64, key types.NamespacedName, val *serviceEntry) (*hamtNode, bool) {
+func setIn(n *hamtNode, depth int, h uint64, key types.NamespacedName, val *serviceEntry, gen uint64) (*hamtNode, bool) {
 	bit := uint32(1) << slot(h, depth)
 	idx := n.index(bit)
+	owned := gen != 0 && n.gen == gen
 	if n.bitmap&bit == 0 {
-		c := &hamtNode{bitmap: n.bitmap | bit, children: make([]any, len(n.children)+1)}
+		leaf := &hamtLeaf{hash: h, key: key, val: val}
+		if owned {
+			n.bitmap |= bit
+			n.children = slices.Insert(n.children, idx, any(leaf))
+			return n, true
+		}
+		c := &hamtNode{bitmap: n.bitmap | bit, gen: gen, children: make([]any, len(n.children)+1)}
 		copy(c.children, n.children[:idx])
-		c.children[idx] = &hamtLeaf{hash: h, entries: []hamtEntry{{key, val}}}
+		c.children[idx] = leaf
 		copy(c.children[idx+1:], n.children[idx:])
 		return c, true
 	}
@@ -116,36 +148,26 @@ func setIn(n *hamtNode, depth int, h uint64, key types.NamespacedName, val *serv
 	added := false
 	switch child := n.children[idx].(type) {
 	case *hamtNode:
-		replacement, added = setIn(child, depth+1, h, key, val)
+		replacement, added = setIn(child, depth+1, h, key, val, gen)
 	case *hamtLeaf:
 		switch {
 		case child.hash == h:
-			l := &hamtLeaf{hash: h, entries: make([]hamtEntry, 0, len(child.entries)+1)}
-			found := false
-			for _, e := range child.entries {
-				if e.key == key {
-					e.val = val
-					found = true
-				}
-				l.entries = append(l.entries, e)
-			}
-			if !found {
-				l.entries = append(l.entries, hamtEntry{key, val})
-				added = true
-			}
-			replacement = l
+			replacement, added = chainSet(child, key, val)
 		case depth+1 >= hamtMaxDepth:
 			// Unreachable: different 64-bit hashes differ in some slot above
 			// hamtMaxDepth. Kept total (lookups compare keys) rather than panicking.
-			l := &hamtLeaf{hash: child.hash, entries: append(append([]hamtEntry(nil), child.entries...), hamtEntry{key, val})}
-			replacement, added = l, true
+			replacement, added = &hamtLeaf{hash: child.hash, key: key, val: val, next: child}, true
 		default:
 			// Split: push the existing leaf one level down, then insert beside it.
-			sub := &hamtNode{bitmap: uint32(1) << slot(child.hash, depth+1), children: []any{child}}
-			replacement, added = setIn(sub, depth+1, h, key, val)
+			sub := &hamtNode{bitmap: uint32(1) << slot(child.hash, depth+1), gen: gen, children: []any{child}}
+			replacement, added = setIn(sub, depth+1, h, key, val, gen)
 		}
 	}
-	c := &hamtNode{bitmap: n.bitmap, children: make([]any, len(n.children))}
+	if owned {
+		n.children[idx] = replacement
+		return n, added
+	}
+	c := &hamtNode{bitmap: n.bitmap, gen: gen, children: make([]any, len(n.children))}
 	copy(c.children, n.children)
 	c.children[idx] = replacement
 	return c, added
@@ -156,14 +178,14 @@ func (m hamt) del(key types.NamespacedName) hamt {
 	if m.root == nil {
 		return m
 	}
-	newRoot, removed := delIn(m.root, 0, hashName(key), key)
+	newRoot, removed := delIn(m.root, 0, m.hash(key), key)
 	if !removed {
 		return m
 	}
 	if newRoot == nil {
-		return hamt{}
+		return hamt{hashFn: m.hashFn}
 	}
-	return hamt{root: newRoot, size: m.size - 1}
+	return hamt{root: newRoot, size: m.size - 1, hashFn: m.hashFn}
 }
 
 // delIn returns the node without key (nil when it became empty) and whether key was present.
@@ -194,17 +216,12 @@ func delIn(n *hamtNode, depth int, h uint64, key types.NamespacedName) (*hamtNod
 		if child.hash != h {
 			return n, false
 		}
-		kept := make([]hamtEntry, 0, len(child.entries))
-		for _, e := range child.entries {
-			if e.key != key {
-				kept = append(kept, e)
-			}
-		}
-		if len(kept) == len(child.entries) {
+		rest, removed := chainDel(child, key)
+		if !removed {
 			return n, false
 		}
-		if len(kept) > 0 {
-			replacement = &hamtLeaf{hash: h, entries: kept}
+		if rest != nil {
+			replacement = rest
 		}
 	}
 	if replacement == nil {
@@ -238,12 +255,44 @@ func eachIn(n *hamtNode, fn func(types.NamespacedName, *serviceEntry) bool) bool
 				return false
 			}
 		case *hamtLeaf:
-			for _, e := range c.entries {
-				if !fn(e.key, e.val) {
+			for l := c; l != nil; l = l.next {
+				if !fn(l.key, l.val) {
 					return false
 				}
 			}
 		}
 	}
 	return true
+}
+
+// chainSet returns a copy of the chain with key bound to val, and whether key is new.
+func chainSet(l *hamtLeaf, key types.NamespacedName, val *serviceEntry) (*hamtLeaf, bool) {
+	if l == nil {
+		return nil, false
+	}
+	if l.key == key {
+		return &hamtLeaf{hash: l.hash, key: key, val: val, next: l.next}, false
+	}
+	rest, added := chainSet(l.next, key, val)
+	if rest == nil {
+		// key is not in the chain: prepend it.
+		return &hamtLeaf{hash: l.hash, key: key, val: val, next: l}, true
+	}
+	return &hamtLeaf{hash: l.hash, key: l.key, val: l.val, next: rest}, added
+}
+
+// chainDel returns a copy of the chain without key (nil when it became empty) and
+// whether key was present.
+func chainDel(l *hamtLeaf, key types.NamespacedName) (*hamtLeaf, bool) {
+	if l == nil {
+		return nil, false
+	}
+	if l.key == key {
+		return l.next, true
+	}
+	rest, removed := chainDel(l.next, key)
+	if !removed {
+		return l, false
+	}
+	return &hamtLeaf{hash: l.hash, key: l.key, val: l.val, next: rest}, true
 }

@@ -13,14 +13,24 @@ import (
 // TestHAMTMatchesMap drives the trie and a plain map with the same random
 // operations and checks they agree, and that every earlier version is unchanged.
 func TestHAMTMatchesMap(t *testing.T) {
+	t.Run("real hash", func(t *testing.T) { testHAMTMatchesMap(t, nil) })
+	// A hash with 256 values makes keys share leaf chains (about 80 each).
+	t.Run("colliding hash", func(t *testing.T) {
+		testHAMTMatchesMap(t, func(k types.NamespacedName) uint64 { return hashName(k) & 0xff })
+	})
+}
+
+func testHAMTMatchesMap(t *testing.T, hashFn func(types.NamespacedName) uint64) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	var m hamt
+	m := hamt{hashFn: hashFn}
 	ref := map[types.NamespacedName]*serviceEntry{}
 	type version struct {
 		m   hamt
 		ref map[types.NamespacedName]*serviceEntry
 	}
 	var versions []version
+	// Operations run in batches (gen); each kept version ends one, like a Consume.
+	gen := uint64(1)
 	for i := 0; i < 20000; i++ {
 		k := types.NamespacedName{Namespace: fmt.Sprintf("ns%d", rng.IntN(7)), Name: fmt.Sprintf("s%d", rng.IntN(3000))}
 		if rng.IntN(3) == 0 {
@@ -28,7 +38,11 @@ func TestHAMTMatchesMap(t *testing.T) {
 			delete(ref, k)
 		} else {
 			e := &serviceEntry{}
-			m = m.set(k, e)
+			if i%2 == 0 {
+				m = m.set(k, e)
+			} else {
+				m = m.setInBatch(k, e, gen)
+			}
 			ref[k] = e
 		}
 		if i%2500 == 0 {
@@ -37,6 +51,7 @@ func TestHAMTMatchesMap(t *testing.T) {
 				cp[k] = v
 			}
 			versions = append(versions, version{m, cp})
+			gen++
 		}
 	}
 	versions = append(versions, version{m, ref})

@@ -64,7 +64,7 @@ func Select(sp *ServicePort, family v1.IPFamily, node Node) Selection {
 		return s
 	}
 	zone := node.Zone()
-	isLocal := func(ep *Endpoint) bool { return node.Name != "" && ep.NodeName == node.Name }
+	isLocal := func(ep *Endpoint) bool { return node.Name != "" && ep.NodeName() == node.Name }
 
 	if sp.UsesClusterEndpoints() {
 		s.TopologyMode = topologyMode(eps, node.Name, zone)
@@ -131,12 +131,12 @@ func topologyMode(eps []Endpoint, nodeName, zone string) string {
 			continue
 		}
 		anyReady = true
-		if len(ep.NodeHints) == 0 {
+		if len(ep.nodeHints()) == 0 {
 			allNode = false
 		} else if ep.hasNodeHint(nodeName) {
 			forNode = true
 		}
-		if len(ep.ZoneHints) == 0 {
+		if len(ep.zoneHints()) == 0 {
 			allZone = false
 		} else if ep.hasZoneHint(zone) {
 			forZone = true

@@ -20,11 +20,14 @@ type epSpec struct {
 }
 
 func mkEP(s epSpec) servicemap.Endpoint {
-	return servicemap.Endpoint{
+	ep := servicemap.Endpoint{
 		Addr: netip.MustParseAddr(s.ip), Port: 80,
 		Ready: s.ready, Serving: s.serving, Terminating: s.terminating,
-		NodeName: s.node, ZoneHints: s.zoneHints, NodeHints: s.nodeHints,
 	}
+	if s.node != "" || s.zoneHints != nil || s.nodeHints != nil {
+		ep.Topology = &servicemap.Topology{NodeName: s.node, ZoneHints: s.zoneHints, NodeHints: s.nodeHints}
+	}
+	return ep
 }
 
 var (
@@ -289,8 +292,8 @@ func TestSelectPolicyPerFamily(t *testing.T) {
 		ExternalIPs:         []netip.Addr{netip.MustParseAddr("2001:db8::5")},
 		InternalPolicyLocal: true,
 		Endpoints: []servicemap.Endpoint{
-			{Addr: netip.MustParseAddr("10.0.0.1"), Port: 80, NodeName: "other"},
-			{Addr: netip.MustParseAddr("fd00::1"), Port: 80, NodeName: "other"},
+			{Addr: netip.MustParseAddr("10.0.0.1"), Port: 80, Topology: &servicemap.Topology{NodeName: "other"}},
+			{Addr: netip.MustParseAddr("fd00::1"), Port: 80, Topology: &servicemap.Topology{NodeName: "other"}},
 		},
 	}
 	node := servicemap.Node{Name: "me"}

@@ -55,41 +55,86 @@ type Config struct {
 // Tracker turns Service and EndpointSlice events into service ports with their
 // endpoints. Feed it with the On* methods from any event source (Watcher does it
 // from an informer); read it with Consume. All methods are safe for concurrent use.
+//
+// The tracker keeps no API object: a Service or EndpointSlice is converted when it
+// arrives, into the few fields a proxy needs.
 type Tracker struct {
 	log     logr.Logger
 	metrics Metrics
 	clock   clock.PassiveClock
 
 	mu sync.Mutex
-	// inputs holds the latest accepted objects per service; entries go away when
-	// the Service and all its slices are gone.
-	inputs map[types.NamespacedName]*serviceInputs
-	// sliceOwner remembers which service each slice (namespace/name) was filed
-	// under, so a relabelled or label-less slice is still removed from it.
-	sliceOwner map[types.NamespacedName]types.NamespacedName
-	dirty      map[types.NamespacedName]struct{}
-	// applied is the state as of the last Consume; snapshots share it.
+	// applied is the state as of the last Consume, one immutable entry per service
+	// that has a Service or a slice; snapshots share it.
 	applied hamt
-	ports   int
-	pending chan struct{}
+	// dirty holds private, changed copies of the entries of services changed since
+	// the last Consume.
+	dirty map[types.NamespacedName]*serviceEntry
+	// sliceOwner remembers which service's name a slice (namespace/name) was
+	// filed under, so a relabelled or label-less slice is still removed from it;
+	// see ownerOf. It holds only slices not named "<service>-...", as the
+	// endpointslice controller names them, so it stays small.
+	sliceOwner map[types.NamespacedName]string
+	gen        uint64 // hamt batch of the current Consume
+	ports      int    // in applied
+	services   int    // in applied with at least one port
+	pending    chan struct{}
+	topos      topologies
 }
 
-type serviceInputs struct {
-	svc *v1.Service
+// serviceEntry is all the tracker keeps of one service. Entries in applied are
+// shared with snapshots and never change; events change a copy held in dirty.
+type serviceEntry struct {
+	// ports, sorted by name, are the service's ports for snapshots, with their
+	// endpoints. Between an event that converts the Service and the next Consume
+	// they are the fresh conversion, without endpoints, owned by this entry.
+	ports []*ServicePort
+	fresh bool
+	// hasService tells whether a Service is known; svc is its version.
+	hasService bool
+	svc        version
 	// slices are sorted by name; most services have one or two, so a sorted
 	// slice is smaller and as fast as a map.
-	slices []*discovery.EndpointSlice
+	slices []*sliceInfo
 }
 
-func (in *serviceInputs) sliceIndex(name string) (int, bool) {
-	return slices.BinarySearchFunc(in.slices, name, func(es *discovery.EndpointSlice, n string) int {
-		return cmpString(es.Name, n)
+func (e *serviceEntry) sliceIndex(name string) (int, bool) {
+	return slices.BinarySearchFunc(e.slices, name, func(si *sliceInfo, n string) int {
+		return cmpString(si.name, n)
 	})
 }
 
-// serviceEntry is what a snapshot holds per service: its ports sorted by name.
-type serviceEntry struct {
-	ports []*ServicePort
+// version identifies one version of an API object, to recognise resyncs.
+type version struct {
+	uid types.UID
+	rv  string
+}
+
+func versionOf(m interface {
+	GetUID() types.UID
+	GetResourceVersion() string
+}) version {
+	return version{uid: m.GetUID(), rv: m.GetResourceVersion()}
+}
+
+// same reports a resync of an object already held: same UID and resourceVersion.
+func (v version) same(o version) bool { return v.rv != "" && v == o }
+
+// sliceInfo is an EndpointSlice converted once, when it arrives. It never changes.
+type sliceInfo struct {
+	name    string
+	version version
+	ports   []slicePort // the usable ports
+	// eps are the usable endpoints, sorted by address with duplicates merged.
+	// Their Port is ports[0].num when the slice has exactly one port, so a service
+	// port fed by this slice alone shares the list with every snapshot; else 0.
+	eps []Endpoint
+}
+
+type slicePort struct {
+	name  string
+	proto v1.Protocol
+	num   int32
 }
 
 // NewTracker returns an empty Tracker.
@@ -98,9 +143,8 @@ func NewTracker(cfg Config) *Tracker {
 		log:        cfg.Logger,
 		metrics:    cfg.Metrics,
 		clock:      cfg.Clock,
-		inputs:     map[types.NamespacedName]*serviceInputs{},
-		sliceOwner: map[types.NamespacedName]types.NamespacedName{},
-		dirty:      map[types.NamespacedName]struct{}{},
+		dirty:      map[types.NamespacedName]*serviceEntry{},
+		sliceOwner: map[types.NamespacedName]string{},
 		pending:    make(chan struct{}, 1),
 	}
 	if t.metrics == nil {
@@ -116,30 +160,59 @@ func NewTracker(cfg Config) *Tracker {
 // Consume may report. A sync loop waits on it, rate-limits, then calls Consume.
 func (t *Tracker) Pending() <-chan struct{} { return t.pending }
 
-func (t *Tracker) markDirty(nn types.NamespacedName) {
-	t.dirty[nn] = struct{}{}
-	t.metrics.PendingServices(len(t.dirty))
+// current returns the latest entry of a service, read-only (nil if none).
+func (t *Tracker) current(nn types.NamespacedName) *serviceEntry {
+	if e := t.dirty[nn]; e != nil {
+		return e
+	}
+	e, _ := t.applied.get(nn)
+	return e
+}
+
+// mutable returns the service's private entry, copying the applied one on first
+// use, and signals a pending change.
+func (t *Tracker) mutable(nn types.NamespacedName) *serviceEntry {
+	e := t.dirty[nn]
+	if e == nil {
+		e = &serviceEntry{}
+		if cur, ok := t.applied.get(nn); ok {
+			*e = *cur
+			e.slices = slices.Clone(cur.slices) // shared with snapshots: copy on write
+		}
+		t.dirty[nn] = e
+		t.metrics.PendingServices(len(t.dirty))
+	}
 	select {
 	case t.pending <- struct{}{}:
 	default:
 	}
+	return e
 }
 
-func (t *Tracker) inputsFor(nn types.NamespacedName) *serviceInputs {
-	in := t.inputs[nn]
-	if in == nil {
-		in = &serviceInputs{}
-		t.inputs[nn] = in
+// ownerOf returns the name of the service a slice is filed under. A slice is filed
+// under one service at most, so for a slice named "<service>-..." it is enough to
+// look for it in the services its name starts with; others are in sliceOwner.
+func (t *Tracker) ownerOf(key types.NamespacedName) (string, bool) {
+	if owner, ok := t.sliceOwner[key]; ok {
+		return owner, true
 	}
-	return in
+	for i := len(key.Name) - 1; i > 0; i-- {
+		if key.Name[i] != '-' {
+			continue
+		}
+		owner := key.Name[:i]
+		if e := t.current(types.NamespacedName{Namespace: key.Namespace, Name: owner}); e != nil {
+			if _, ok := e.sliceIndex(key.Name); ok {
+				return owner, true
+			}
+		}
+	}
+	return "", false
 }
 
-// sameVersion reports a resync of an object already held: same UID and resourceVersion.
-func sameVersion(a, b interface {
-	GetUID() types.UID
-	GetResourceVersion() string
-}) bool {
-	return a.GetResourceVersion() != "" && a.GetResourceVersion() == b.GetResourceVersion() && a.GetUID() == b.GetUID()
+// namedAfter reports whether slice is named "<service>-...".
+func namedAfter(slice, service string) bool {
+	return len(slice) > len(service) && slice[len(service)] == '-' && slice[:len(service)] == service
 }
 
 // OnServiceAdd records a new Service.
@@ -157,13 +230,12 @@ func (t *Tracker) OnServiceDelete(svc *v1.Service) {
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	in := t.inputs[nn]
-	if in == nil || in.svc == nil {
+	if cur := t.current(nn); cur == nil || !cur.hasService {
 		return
 	}
 	t.metrics.ServiceChange()
-	in.svc = nil
-	t.markDirty(nn)
+	e := t.mutable(nn)
+	e.hasService, e.svc, e.ports, e.fresh = false, version{}, nil, false
 }
 
 func (t *Tracker) setService(svc *v1.Service) {
@@ -175,15 +247,16 @@ func (t *Tracker) setService(svc *v1.Service) {
 		return
 	}
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	v := versionOf(svc)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	in := t.inputsFor(nn)
-	if in.svc != nil && (in.svc == svc || sameVersion(in.svc, svc)) {
+	if cur := t.current(nn); cur != nil && cur.hasService && cur.svc.same(v) {
 		return
 	}
 	t.metrics.ServiceChange()
-	in.svc = svc
-	t.markDirty(nn)
+	e := t.mutable(nn)
+	e.hasService, e.svc = true, v
+	e.ports, e.fresh = servicePorts(t.log, svc), true
 }
 
 func (t *Tracker) invalid(kind, ns, name, reason string) {
@@ -209,18 +282,16 @@ func (t *Tracker) OnEndpointSliceDelete(es *discovery.EndpointSlice) {
 }
 
 func (t *Tracker) removeSliceLocked(key types.NamespacedName) {
-	owner, ok := t.sliceOwner[key]
+	owner, ok := t.ownerOf(key)
 	if !ok {
 		return
 	}
 	delete(t.sliceOwner, key)
-	if in := t.inputs[owner]; in != nil {
-		if i, ok := in.sliceIndex(key.Name); ok {
-			in.slices = slices.Delete(in.slices, i, i+1)
-		}
+	e := t.mutable(types.NamespacedName{Namespace: key.Namespace, Name: owner})
+	if i, ok := e.sliceIndex(key.Name); ok {
+		e.slices = slices.Delete(e.slices, i, i+1)
 	}
 	t.metrics.EndpointSliceChange()
-	t.markDirty(owner)
 }
 
 func (t *Tracker) setSlice(es *discovery.EndpointSlice) {
@@ -255,25 +326,31 @@ func (t *Tracker) setSlice(es *discovery.EndpointSlice) {
 		return
 	}
 	owner := types.NamespacedName{Namespace: es.Namespace, Name: svcName}
-	if prev, ok := t.sliceOwner[key]; ok && prev != owner {
-		t.log.Info("EndpointSlice moved to another Service", "endpointSlice", key.String(), "from", prev.String(), "to", owner.String())
+	if prev, ok := t.ownerOf(key); ok && prev != svcName {
+		t.log.Info("EndpointSlice moved to another Service", "endpointSlice", key.String(),
+			"from", klogRef(key.Namespace, prev), "to", owner.String())
 		t.removeSliceLocked(key)
 	}
-	in := t.inputsFor(owner)
-	if i, ok := in.sliceIndex(es.Name); ok {
-		if old := in.slices[i]; old == es || sameVersion(old, es) {
+	v := versionOf(es)
+	if cur := t.current(owner); cur != nil {
+		if i, ok := cur.sliceIndex(es.Name); ok && cur.slices[i].version.same(v) {
 			return
 		}
-		in.slices[i] = es
-	} else {
-		in.slices = slices.Insert(in.slices, i, es)
 	}
-	t.sliceOwner[key] = owner
-	if in.svc == nil {
+	e := t.mutable(owner)
+	si := t.convertSlice(es, v)
+	if i, ok := e.sliceIndex(es.Name); ok {
+		e.slices[i] = si
+	} else {
+		e.slices = slices.Insert(e.slices, i, si)
+	}
+	if !namedAfter(es.Name, svcName) {
+		t.sliceOwner[key] = svcName
+	}
+	if !e.hasService {
 		t.log.V(4).Info("EndpointSlice for a Service not known yet; held until it arrives", "endpointSlice", key.String(), "service", owner.String())
 	}
 	t.metrics.EndpointSliceChange()
-	t.markDirty(owner)
 }
 
 // Update is the result of Consume.
@@ -295,38 +372,38 @@ func (t *Tracker) Consume() Update {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	start := t.clock.Now()
+	t.gen++ // a new batch: nodes of earlier snapshots are never changed in place
 	var changed []ServicePortName
 	var changedSvcs []types.NamespacedName
-	for nn := range t.dirty {
-		in := t.inputs[nn]
-		var next *serviceEntry
-		if in != nil {
-			next = t.buildEntry(nn, in)
-			if in.svc == nil && len(in.slices) == 0 {
-				delete(t.inputs, nn)
-			}
-		}
+	for nn, e := range t.dirty {
 		prev, _ := t.applied.get(nn)
-		diff := diffEntries(prev, next)
-		if len(diff) == 0 {
-			continue
-		}
-		changed = append(changed, diff...)
-		changedSvcs = append(changedSvcs, nn)
+		var prevPorts []*ServicePort
 		if prev != nil {
-			t.ports -= len(prev.ports)
+			prevPorts = prev.ports
 		}
-		if next == nil {
+		e.ports = t.buildPorts(nn, e, prevPorts)
+		e.fresh = false
+		if diff := diffPorts(prevPorts, e.ports); len(diff) > 0 {
+			changed = append(changed, diff...)
+			changedSvcs = append(changedSvcs, nn)
+		}
+		t.ports += len(e.ports) - len(prevPorts)
+		if len(prevPorts) > 0 {
+			t.services--
+		}
+		if len(e.ports) > 0 {
+			t.services++
+		}
+		if !e.hasService && len(e.slices) == 0 {
 			t.applied = t.applied.del(nn)
 		} else {
-			t.ports += len(next.ports)
-			t.applied = t.applied.set(nn, next)
+			t.applied = t.applied.setInBatch(nn, e, t.gen)
 		}
 	}
 	rebuilt := len(t.dirty)
 	// A fresh map rather than clear(): clear costs the map's capacity, which stays
 	// at the size of the initial sync forever.
-	t.dirty = map[types.NamespacedName]struct{}{}
+	t.dirty = map[types.NamespacedName]*serviceEntry{}
 	t.metrics.PendingServices(0)
 	slices.SortFunc(changed, func(a, b ServicePortName) int {
 		switch {
@@ -345,7 +422,7 @@ func (t *Tracker) Consume() Update {
 		return cmpString(a.Name, b.Name)
 	})
 	t.metrics.Consumed(rebuilt, len(changed), t.clock.Since(start))
-	return Update{Snapshot: &Snapshot{m: t.applied, ports: t.ports}, Changed: changed, ChangedServices: changedSvcs}
+	return Update{Snapshot: &Snapshot{m: t.applied, ports: t.ports, services: t.services}, Changed: changed, ChangedServices: changedSvcs}
 }
 
 func cmpString(a, b string) int {
@@ -358,84 +435,171 @@ func cmpString(a, b string) int {
 	return 0
 }
 
-// buildEntry computes a service's ports and endpoints from its Service and slices.
-func (t *Tracker) buildEntry(nn types.NamespacedName, in *serviceInputs) *serviceEntry {
-	if in.svc == nil {
+// buildPorts computes a service's ports with their endpoints from its entry. A
+// port whose Service fields and endpoints are unchanged is reused from prev, so an
+// endpoint change reallocates only the ports it touches.
+func (t *Tracker) buildPorts(nn types.NamespacedName, e *serviceEntry, prev []*ServicePort) []*ServicePort {
+	if !e.hasService || len(e.ports) == 0 {
 		return nil
 	}
-	ports := servicePorts(t.log, in.svc)
-	if len(ports) == 0 {
-		return nil
+	eps := t.endpointsFor(nn, e.ports, e.slices)
+	if e.fresh {
+		// Converted since the last Consume and seen by no snapshot: fill in place.
+		for j, sp := range e.ports {
+			sp.Endpoints = eps[j]
+		}
+		return e.ports
 	}
-	if len(in.slices) > 0 {
-		t.attachEndpoints(nn, ports, in.slices)
+	ports := make([]*ServicePort, len(e.ports))
+	same := len(prev) == len(e.ports)
+	for j, tp := range e.ports {
+		if j < len(prev) && prev[j] == tp && sameArray(tp.Endpoints, eps[j]) {
+			ports[j] = tp
+			continue
+		}
+		same = false
+		c := *tp
+		c.Endpoints = eps[j]
+		ports[j] = &c
 	}
-	return &serviceEntry{ports: ports}
+	if same {
+		return prev
+	}
+	return ports
 }
 
-// attachEndpoints merges the slices' endpoints into the matching ports. Slices are
+// endpointsFor merges the slices' endpoints into one list per port. Slices are
 // visited in name order so the result does not depend on arrival order.
-func (t *Tracker) attachEndpoints(nn types.NamespacedName, ports []*ServicePort, bySlice []*discovery.EndpointSlice) {
+func (t *Tracker) endpointsFor(nn types.NamespacedName, ports []*ServicePort, bySlice []*sliceInfo) [][]Endpoint {
+	out := make([][]Endpoint, len(ports))
+	if len(bySlice) == 0 {
+		return out
+	}
 	type use struct {
-		port int // index in ports
-		num  int32
-		eps  []Endpoint
+		port  int // index in ports
+		num   int32
+		slice *sliceInfo
 	}
 	var uses []use
 	counts := make([]int, len(ports))
-	for _, es := range bySlice {
-		fam, _ := sliceFamily(es.AddressType)
-		var base []Endpoint
-		for i := range es.Ports {
-			p := &es.Ports[i]
-			if p.Name == nil {
-				t.log.Info("Ignoring EndpointSlice port without a name", "endpointSlice", klogRef(es.Namespace, es.Name), "index", i)
-				continue
-			}
-			if p.Port == nil || *p.Port == 0 {
-				t.log.Info("Ignoring EndpointSlice port without a port number", "endpointSlice", klogRef(es.Namespace, es.Name), "portName", *p.Name)
-				continue
-			}
-			proto := v1.ProtocolTCP
-			if p.Protocol != nil {
-				proto = *p.Protocol
-			}
-			spn := ServicePortName{NamespacedName: nn, Port: *p.Name, Protocol: proto}
+	for _, si := range bySlice {
+		for _, p := range si.ports {
+			spn := ServicePortName{NamespacedName: nn, Port: p.name, Protocol: p.proto}
 			j := slices.IndexFunc(ports, func(sp *ServicePort) bool { return sp.Name == spn })
 			if j < 0 {
 				t.log.Info("EndpointSlice port matches no port of its Service (name or protocol differ)",
-					"endpointSlice", klogRef(es.Namespace, es.Name), "portName", *p.Name, "protocol", proto, "service", nn.String())
+					"endpointSlice", klogRef(nn.Namespace, si.name), "portName", p.name, "protocol", p.proto, "service", nn.String())
 				continue
 			}
-			if base == nil {
-				base = sliceEndpoints(t.log, es, fam)
+			uses = append(uses, use{port: j, num: p.num, slice: si})
+			counts[j]++
+		}
+	}
+	for j := range ports {
+		if counts[j] != 1 {
+			continue
+		}
+		// One slice feeds this port: its list is already sorted and merged.
+		for _, u := range uses {
+			if u.port != j {
+				continue
 			}
-			uses = append(uses, use{port: j, num: *p.Port, eps: base})
-			counts[j] += len(base)
+			if len(u.slice.ports) == 1 {
+				out[j] = u.slice.eps // shared, never copied
+			} else {
+				out[j] = withPort(u.slice.eps, u.num)
+			}
 		}
 	}
-	// Exact-size lists: they live as long as the snapshot, so no append slack.
-	for j, n := range counts {
-		if n > 0 {
-			ports[j].Endpoints = make([]Endpoint, 0, n)
+	for j := range ports {
+		if counts[j] < 2 {
+			continue
+		}
+		n := 0
+		for _, u := range uses {
+			if u.port == j {
+				n += len(u.slice.eps)
+			}
+		}
+		// Exact-size list: it lives as long as the snapshot, so no append slack.
+		eps := make([]Endpoint, 0, n)
+		for _, u := range uses {
+			if u.port != j {
+				continue
+			}
+			for _, ep := range u.slice.eps {
+				ep.Port = u.num
+				eps = append(eps, ep)
+			}
+		}
+		out[j] = t.dedup("", ports[j].Name.String(), eps)
+	}
+	return out
+}
+
+// sameArray reports whether two lists are the same memory (or both empty).
+func sameArray(a, b []Endpoint) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+func withPort(eps []Endpoint, num int32) []Endpoint {
+	if len(eps) == 0 {
+		return nil
+	}
+	out := make([]Endpoint, len(eps))
+	for i, ep := range eps {
+		ep.Port = num
+		out[i] = ep
+	}
+	return out
+}
+
+// convertSlice keeps what the tracker needs of an EndpointSlice: its usable
+// ports and endpoints.
+func (t *Tracker) convertSlice(es *discovery.EndpointSlice, v version) *sliceInfo {
+	si := &sliceInfo{name: es.Name, version: v}
+	for i := range es.Ports {
+		p := &es.Ports[i]
+		if p.Name == nil {
+			t.log.Info("Ignoring EndpointSlice port without a name", "endpointSlice", klogRef(es.Namespace, es.Name), "index", i)
+			continue
+		}
+		if p.Port == nil || *p.Port == 0 {
+			t.log.Info("Ignoring EndpointSlice port without a port number", "endpointSlice", klogRef(es.Namespace, es.Name), "portName", *p.Name)
+			continue
+		}
+		proto := v1.ProtocolTCP
+		if p.Protocol != nil {
+			proto = *p.Protocol
+		}
+		si.ports = append(si.ports, slicePort{name: *p.Name, proto: proto, num: *p.Port})
+	}
+	if len(si.ports) == 0 {
+		return si
+	}
+	fam, _ := sliceFamily(es.AddressType)
+	eps := t.dedup(es.Namespace, es.Name, sliceEndpoints(t.log, &t.topos, es, fam))
+	if len(si.ports) == 1 {
+		for i := range eps {
+			eps[i].Port = si.ports[0].num
 		}
 	}
-	for _, u := range uses {
-		sp := ports[u.port]
-		for _, ep := range u.eps {
-			ep.Port = u.num
-			sp.Endpoints = append(sp.Endpoints, ep)
-		}
+	if len(eps) == 0 {
+		eps = nil
+	} else if cap(eps) > len(eps) {
+		// Invalid endpoints were dropped: do not pin the slack.
+		eps = append(make([]Endpoint, 0, len(eps)), eps...)
 	}
-	for _, sp := range ports {
-		sp.Endpoints = t.dedup(sp.Name, sp.Endpoints)
-	}
+	si.eps = eps
+	return si
 }
 
 // dedup sorts endpoints by address and port and keeps one per address and port:
 // the first that is not terminating, else the first (kube-proxy prefers a
 // non-terminating copy when an endpoint appears in two slices while it moves).
-func (t *Tracker) dedup(spn ServicePortName, eps []Endpoint) []Endpoint {
+// The sort is stable, so "first" is in slice name order, then slice order.
+// ns and name name the slice or service port for the log.
+func (t *Tracker) dedup(ns, name string, eps []Endpoint) []Endpoint {
 	if len(eps) < 2 {
 		return eps
 	}
@@ -448,7 +612,7 @@ func (t *Tracker) dedup(spn ServicePortName, eps []Endpoint) []Endpoint {
 		}
 		pick := i
 		if j-i > 1 {
-			t.log.V(4).Info("Merging duplicate endpoint", "servicePort", spn.String(), "endpoint", eps[i].String(), "copies", j-i)
+			t.log.V(4).Info("Merging duplicate endpoint", "in", klogRef(ns, name), "endpoint", eps[i].String(), "copies", j-i)
 			for k := i; k < j; k++ {
 				if !eps[k].IsTerminating() {
 					pick = k
@@ -461,20 +625,13 @@ func (t *Tracker) dedup(spn ServicePortName, eps []Endpoint) []Endpoint {
 	}
 	if len(out) < len(eps) {
 		// Duplicates were dropped: copy so the snapshot does not pin the slack.
-		return slices.Clone(out)
+		return append(make([]Endpoint, 0, len(out)), out...)
 	}
 	return out
 }
 
-// diffEntries returns the names of ports that differ between two entries.
-func diffEntries(prev, next *serviceEntry) []ServicePortName {
-	var a, b []*ServicePort
-	if prev != nil {
-		a = prev.ports
-	}
-	if next != nil {
-		b = next.ports
-	}
+// diffPorts returns the names of ports that differ between two port lists sorted by name.
+func diffPorts(a, b []*ServicePort) []ServicePortName {
 	var out []ServicePortName
 	i, j := 0, 0
 	for i < len(a) || j < len(b) {
@@ -497,6 +654,9 @@ func diffEntries(prev, next *serviceEntry) []ServicePortName {
 }
 
 func equalPorts(a, b *ServicePort) bool {
+	if a == b {
+		return true
+	}
 	return a.Name == b.Name && a.Port == b.Port && a.Protocol == b.Protocol && a.NodePort == b.NodePort &&
 		a.SessionAffinity == b.SessionAffinity && a.StickyMaxAgeSeconds == b.StickyMaxAgeSeconds &&
 		a.ExternalPolicyLocal == b.ExternalPolicyLocal && a.InternalPolicyLocal == b.InternalPolicyLocal &&
@@ -509,14 +669,14 @@ func equalPorts(a, b *ServicePort) bool {
 
 func equalEndpoints(a, b Endpoint) bool {
 	return a.Addr == b.Addr && a.Port == b.Port && a.Ready == b.Ready && a.Serving == b.Serving &&
-		a.Terminating == b.Terminating && a.NodeName == b.NodeName && a.Zone == b.Zone &&
-		slices.Equal(a.ZoneHints, b.ZoneHints) && slices.Equal(a.NodeHints, b.NodeHints)
+		a.Terminating == b.Terminating && a.Topology.equal(b.Topology)
 }
 
 // Snapshot is an immutable view of the map at one Consume. Readers need no lock.
 type Snapshot struct {
-	m     hamt
-	ports int
+	m        hamt
+	ports    int
+	services int
 }
 
 // Get returns one service port with its endpoints.
@@ -574,4 +734,4 @@ func (s *Snapshot) Ports() []*ServicePort {
 func (s *Snapshot) Len() int { return s.ports }
 
 // Services returns the number of services.
-func (s *Snapshot) Services() int { return s.m.size }
+func (s *Snapshot) Services() int { return s.services }

@@ -2,6 +2,7 @@ package servicemap_test
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -478,4 +479,42 @@ func TestSnapshotReadersDuringUpdates(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Equal(t, want, snap.Dump())
+}
+
+// The tracker converts objects on arrival and keeps none of them: once the caller
+// drops a Service and its EndpointSlice they are collected, and the snapshot still
+// answers. Endpoints in one place share their Topology.
+func TestTrackerKeepsNoAPIObjects(t *testing.T) {
+	tr := servicemap.NewTracker(servicemap.Config{})
+	collected := make(chan string, 2)
+	func() {
+		svc := smt.Service("ns", "web", smt.ClusterIPs("10.96.0.10"), smt.Port("http", 80, v1.ProtocolTCP))
+		es := smt.EndpointSlice("ns", "web-a", "web", discovery.AddressTypeIPv4, smt.SlicePort("http", 8080, v1.ProtocolTCP),
+			smt.Endpoints(smt.Endpoint("10.0.0.1", smt.OnNode("n1"), smt.InZone("z1")), smt.Endpoint("10.0.0.2", smt.OnNode("n1"), smt.InZone("z1"))))
+		runtime.AddCleanup(svc, func(kind string) { collected <- kind }, "Service")
+		runtime.AddCleanup(es, func(kind string) { collected <- kind }, "EndpointSlice")
+		tr.OnServiceAdd(svc)
+		tr.OnEndpointSliceAdd(es)
+	}()
+	snap := tr.Consume().Snapshot
+	var got []string
+	deadline := time.Now().Add(10 * time.Second)
+	for len(got) < 2 && time.Now().Before(deadline) {
+		runtime.GC()
+		select {
+		case kind := <-collected:
+			got = append(got, kind)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	assert.ElementsMatch(t, []string{"Service", "EndpointSlice"}, got, "objects still reachable from the tracker")
+
+	sp, ok := snap.Get(servicemap.ServicePortName{NamespacedName: nn("ns", "web"), Port: "http", Protocol: v1.ProtocolTCP})
+	require.True(t, ok)
+	require.Len(t, sp.Endpoints, 2)
+	assert.Equal(t, "10.0.0.1:8080 node=n1 zone=z1", sp.Endpoints[0].Dump())
+	assert.Equal(t, "n1", sp.Endpoints[1].NodeName())
+	assert.Equal(t, "z1", sp.Endpoints[1].Zone())
+	assert.Same(t, sp.Endpoints[0].Topology, sp.Endpoints[1].Topology, "one Topology per place")
+	runtime.KeepAlive(tr) // the tracker itself must stay alive for the check to mean anything
 }

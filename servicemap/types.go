@@ -2,6 +2,7 @@ package servicemap
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 
 	v1 "k8s.io/api/core/v1"
@@ -52,9 +53,9 @@ type ServicePort struct {
 	// first). A Service is tracked only if it has at least one valid cluster IP.
 	ClusterIPs []netip.Addr
 	Port       int32
-	Protocol   v1.Protocol
 	// NodePort is 0 when the port has none.
 	NodePort int32
+	Protocol v1.Protocol
 	// ExternalIPs are the valid entries of spec.externalIPs, both families.
 	ExternalIPs []netip.Addr
 	// LoadBalancerVIPs are status.loadBalancer.ingress IPs whose ipMode is VIP
@@ -68,13 +69,13 @@ type ServicePort struct {
 	SessionAffinity v1.ServiceAffinity
 	// StickyMaxAgeSeconds is the ClientIP affinity timeout (default 10800), 0 without affinity.
 	StickyMaxAgeSeconds int32
+	// HealthCheckNodePort is set only for type LoadBalancer with externalTrafficPolicy Local.
+	HealthCheckNodePort int32
 
 	// ExternalPolicyLocal: externalTrafficPolicy Local on an externally accessible Service.
 	ExternalPolicyLocal bool
 	// InternalPolicyLocal: internalTrafficPolicy Local.
 	InternalPolicyLocal bool
-	// HealthCheckNodePort is set only for type LoadBalancer with externalTrafficPolicy Local.
-	HealthCheckNodePort int32
 
 	// Endpoints for this port from every EndpointSlice of the Service (IPv4 and
 	// IPv6 slices), deduplicated by address and port, sorted by address then port.
@@ -239,7 +240,8 @@ func (c Cond) String() string {
 	return "unset"
 }
 
-// Endpoint is one backend of a service port.
+// Endpoint is one backend of a service port. It is a small value (40 bytes on
+// 64-bit platforms): where the endpoint runs lives in a shared Topology.
 type Endpoint struct {
 	// Addr is the endpoint's first address (kube-proxy ignores the others).
 	Addr netip.Addr
@@ -247,12 +249,61 @@ type Endpoint struct {
 	Port int32
 	// Ready, Serving and Terminating are the slice's conditions as sent.
 	Ready, Serving, Terminating Cond
+	// Topology holds the endpoint's node, zone and hints; nil when the slice set
+	// none of them. Endpoints handed out by a Snapshot share Topology values with
+	// every endpoint in the same place, so they must not be modified.
+	Topology *Topology
+}
+
+// Topology says where an endpoint runs and which topology hints it carries.
+type Topology struct {
 	// NodeName and Zone are empty when the slice left them unset.
 	NodeName string
 	Zone     string
-	// ZoneHints and NodeHints are the hints' names, sorted; nil without hints.
+	// ZoneHints and NodeHints are the hints' names, sorted and deduplicated; nil without hints.
 	ZoneHints []string
 	NodeHints []string
+}
+
+func (t *Topology) equal(o *Topology) bool {
+	if t == o {
+		return true
+	}
+	if t == nil || o == nil {
+		return false
+	}
+	return t.NodeName == o.NodeName && t.Zone == o.Zone &&
+		slices.Equal(t.ZoneHints, o.ZoneHints) && slices.Equal(t.NodeHints, o.NodeHints)
+}
+
+// NodeName is the endpoint's node name, "" when unset.
+func (e *Endpoint) NodeName() string {
+	if e.Topology == nil {
+		return ""
+	}
+	return e.Topology.NodeName
+}
+
+// Zone is the endpoint's zone, "" when unset.
+func (e *Endpoint) Zone() string {
+	if e.Topology == nil {
+		return ""
+	}
+	return e.Topology.Zone
+}
+
+func (e *Endpoint) zoneHints() []string {
+	if e.Topology == nil {
+		return nil
+	}
+	return e.Topology.ZoneHints
+}
+
+func (e *Endpoint) nodeHints() []string {
+	if e.Topology == nil {
+		return nil
+	}
+	return e.Topology.NodeHints
 }
 
 // IsReady applies the API default: an unset ready condition means ready.
@@ -274,17 +325,8 @@ func (e *Endpoint) String() string {
 	return e.AddrPort().String()
 }
 
-func (e *Endpoint) hasZoneHint(zone string) bool { return containsSorted(e.ZoneHints, zone) }
-func (e *Endpoint) hasNodeHint(node string) bool { return containsSorted(e.NodeHints, node) }
-
-func containsSorted(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
+func (e *Endpoint) hasZoneHint(zone string) bool { return slices.Contains(e.zoneHints(), zone) }
+func (e *Endpoint) hasNodeHint(node string) bool { return slices.Contains(e.nodeHints(), node) }
 
 // Node describes the node the proxy runs on, the input to endpoint selection.
 type Node struct {
