@@ -63,10 +63,6 @@ type Metrics interface {
 	RuntimeOperation(operation string, d time.Duration, err error)
 }
 
-type noopMetrics struct{}
-
-func (noopMetrics) RuntimeOperation(string, time.Duration, error) {}
-
 // Client talks CRI runtime/v1 (RuntimeService and ImageService) to one runtime over one
 // gRPC connection. It is safe for concurrent use. When the runtime restarts, gRPC
 // reconnects on its own; calls made while it is down fail with ErrUnavailable.
@@ -77,7 +73,7 @@ type Client struct {
 	runtime  runtimeapi.RuntimeServiceClient
 	images   runtimeapi.ImageServiceClient
 	timeout  time.Duration
-	metrics  Metrics
+	metrics  Metrics // nil: none
 	clock    clock.WithTicker
 	version  *runtimeapi.VersionResponse
 }
@@ -144,9 +140,6 @@ func newClient(ctx context.Context, conn *grpc.ClientConn, endpoint string, cfg 
 	if c.timeout <= 0 {
 		c.timeout = DefaultCallTimeout
 	}
-	if c.metrics == nil {
-		c.metrics = noopMetrics{}
-	}
 	if c.clock == nil {
 		c.clock = clock.RealClock{}
 	}
@@ -194,15 +187,26 @@ func (c *Client) RuntimeService() runtimeapi.RuntimeServiceClient { return c.run
 func (c *Client) ImageService() runtimeapi.ImageServiceClient { return c.images }
 
 // do runs one call under timeout (0: ctx alone), observes it and maps its error.
-func (c *Client) do(ctx context.Context, op, call, object string, timeout time.Duration, f func(context.Context) error) error {
+// The success path does no formatting or logging: obj is formatted only when the
+// call fails.
+func (c *Client) do(ctx context.Context, op, call string, obj object, timeout time.Duration, f func(context.Context) error) error {
 	if timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
+		// A caller's deadline that comes first bounds the call on its own; a second
+		// timer would never fire.
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > timeout {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+		}
 	}
-	start := c.clock.Now()
-	err := f(ctx)
-	c.metrics.RuntimeOperation(op, c.clock.Since(start), err)
+	var err error
+	if c.metrics == nil {
+		err = f(ctx)
+	} else {
+		start := c.clock.Now()
+		err = f(ctx)
+		c.metrics.RuntimeOperation(op, c.clock.Since(start), err)
+	}
 	if err == nil {
 		return nil
 	}
@@ -211,9 +215,44 @@ func (c *Client) do(ctx context.Context, op, call, object string, timeout time.D
 		// backoff step, so a restarted runtime is found by the next call.
 		c.conn.ResetConnectBackoff()
 	}
+	object := obj.String()
 	logr.FromContextOrDiscard(ctx).V(4).Info("CRI call failed", "call", call, "object", object, "err", err)
 	return wrapError(call, object, err)
 }
+
+// object names what a call is about, for errors. It is a value so that successful
+// calls never format it.
+type object struct {
+	kind string // "pod", "pod sandbox", "container", "image"; "" for the runtime itself
+	name string
+	// sandbox is the sandbox a container is created in (CreateContainer).
+	sandbox string
+	// cmd is the command of an ExecSync.
+	cmd []string
+}
+
+func (o object) String() string {
+	if o.kind == "" {
+		return ""
+	}
+	s := fmt.Sprintf("%s %q", o.kind, o.name)
+	if o.sandbox != "" {
+		s += fmt.Sprintf(" in pod sandbox %q", o.sandbox)
+	}
+	if o.cmd != nil {
+		s += fmt.Sprintf(" command %q", o.cmd)
+	}
+	return s
+}
+
+func podObject(cfg *runtimeapi.PodSandboxConfig) object {
+	m := cfg.GetMetadata()
+	return object{kind: "pod", name: m.GetNamespace() + "/" + m.GetName()}
+}
+
+func sandboxObject(id string) object   { return object{kind: "pod sandbox", name: id} }
+func containerObject(id string) object { return object{kind: "container", name: id} }
+func imageObject(image string) object  { return object{kind: "image", name: image} }
 
 // WaitReady blocks until the runtime answers Version, polling every interval (default
 // 200ms), or ctx ends. Use it after a runtime restart.
@@ -239,7 +278,7 @@ func (c *Client) WaitReady(ctx context.Context, interval time.Duration) error {
 // Version asks the runtime its name and versions.
 func (c *Client) Version(ctx context.Context) (*runtimeapi.VersionResponse, error) {
 	var resp *runtimeapi.VersionResponse
-	err := c.do(ctx, "version", "Version", "", c.timeout, func(ctx context.Context) (err error) {
+	err := c.do(ctx, "version", "Version", object{}, c.timeout, func(ctx context.Context) (err error) {
 		resp, err = c.runtime.Version(ctx, &runtimeapi.VersionRequest{})
 		return err
 	})
@@ -250,7 +289,7 @@ func (c *Client) Version(ctx context.Context) (*runtimeapi.VersionResponse, erro
 // for the node's verdict.
 func (c *Client) Status(ctx context.Context) (*runtimeapi.RuntimeStatus, error) {
 	var resp *runtimeapi.StatusResponse
-	err := c.do(ctx, "status", "Status", "", c.timeout, func(ctx context.Context) (err error) {
+	err := c.do(ctx, "status", "Status", object{}, c.timeout, func(ctx context.Context) (err error) {
 		resp, err = c.runtime.Status(ctx, &runtimeapi.StatusRequest{})
 		return err
 	})
@@ -262,15 +301,6 @@ func (c *Client) Status(ctx context.Context) (*runtimeapi.RuntimeStatus, error) 
 	}
 	return resp.GetStatus(), nil
 }
-
-func podObject(cfg *runtimeapi.PodSandboxConfig) string {
-	m := cfg.GetMetadata()
-	return fmt.Sprintf("pod %q", m.GetNamespace()+"/"+m.GetName())
-}
-
-func sandboxObject(id string) string   { return fmt.Sprintf("pod sandbox %q", id) }
-func containerObject(id string) string { return fmt.Sprintf("container %q", id) }
-func imageObject(image string) string  { return fmt.Sprintf("image %q", image) }
 
 // RunPodSandbox creates and starts a pod sandbox and returns its ID. handler selects a
 // runtime class ("" for the default).
@@ -325,7 +355,7 @@ func (c *Client) PodSandboxStatus(ctx context.Context, id string) (*runtimeapi.P
 // ListPodSandbox lists sandboxes matching filter (nil: all).
 func (c *Client) ListPodSandbox(ctx context.Context, filter *runtimeapi.PodSandboxFilter) ([]*runtimeapi.PodSandbox, error) {
 	var resp *runtimeapi.ListPodSandboxResponse
-	err := c.do(ctx, "list_podsandbox", "ListPodSandbox", "", c.timeout, func(ctx context.Context) (err error) {
+	err := c.do(ctx, "list_podsandbox", "ListPodSandbox", object{}, c.timeout, func(ctx context.Context) (err error) {
 		resp, err = c.runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: filter})
 		return err
 	})
@@ -335,9 +365,9 @@ func (c *Client) ListPodSandbox(ctx context.Context, filter *runtimeapi.PodSandb
 // CreateContainer creates a container in a sandbox and returns its ID. sandboxCfg is the
 // config the sandbox was run with.
 func (c *Client) CreateContainer(ctx context.Context, sandboxID string, cfg *runtimeapi.ContainerConfig, sandboxCfg *runtimeapi.PodSandboxConfig) (string, error) {
-	object := fmt.Sprintf("container %q in %s", cfg.GetMetadata().GetName(), sandboxObject(sandboxID))
+	obj := object{kind: "container", name: cfg.GetMetadata().GetName(), sandbox: sandboxID}
 	var resp *runtimeapi.CreateContainerResponse
-	err := c.do(ctx, "create_container", "CreateContainer", object, c.timeout, func(ctx context.Context) (err error) {
+	err := c.do(ctx, "create_container", "CreateContainer", obj, c.timeout, func(ctx context.Context) (err error) {
 		resp, err = c.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: sandboxID, Config: cfg, SandboxConfig: sandboxCfg})
 		return err
 	})
@@ -345,7 +375,7 @@ func (c *Client) CreateContainer(ctx context.Context, sandboxID string, cfg *run
 		return "", err
 	}
 	if resp.GetContainerId() == "" {
-		return "", fmt.Errorf("cri CreateContainer %s: %w: empty container ID", object, ErrInvalidResponse)
+		return "", fmt.Errorf("cri CreateContainer %s: %w: empty container ID", obj, ErrInvalidResponse)
 	}
 	return resp.GetContainerId(), nil
 }
@@ -378,7 +408,7 @@ func (c *Client) RemoveContainer(ctx context.Context, id string) error {
 // ListContainers lists containers matching filter (nil: all).
 func (c *Client) ListContainers(ctx context.Context, filter *runtimeapi.ContainerFilter) ([]*runtimeapi.Container, error) {
 	var resp *runtimeapi.ListContainersResponse
-	err := c.do(ctx, "list_containers", "ListContainers", "", c.timeout, func(ctx context.Context) (err error) {
+	err := c.do(ctx, "list_containers", "ListContainers", object{}, c.timeout, func(ctx context.Context) (err error) {
 		resp, err = c.runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: filter})
 		return err
 	})
@@ -414,7 +444,7 @@ func (c *Client) ExecSync(ctx context.Context, containerID string, cmd []string,
 		callTimeout = c.timeout + timeout
 	}
 	var resp *runtimeapi.ExecSyncResponse
-	err = c.do(ctx, "exec_sync", "ExecSync", fmt.Sprintf("%s command %q", containerObject(containerID), cmd), callTimeout, func(ctx context.Context) (err error) {
+	err = c.do(ctx, "exec_sync", "ExecSync", object{kind: "container", name: containerID, cmd: cmd}, callTimeout, func(ctx context.Context) (err error) {
 		resp, err = c.runtime.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: containerID, Cmd: cmd, Timeout: seconds(timeout)})
 		return err
 	})
@@ -436,7 +466,7 @@ func seconds(d time.Duration) int64 {
 // ListImages lists images matching filter (nil: all).
 func (c *Client) ListImages(ctx context.Context, filter *runtimeapi.ImageFilter) ([]*runtimeapi.Image, error) {
 	var resp *runtimeapi.ListImagesResponse
-	err := c.do(ctx, "list_images", "ListImages", "", c.timeout, func(ctx context.Context) (err error) {
+	err := c.do(ctx, "list_images", "ListImages", object{}, c.timeout, func(ctx context.Context) (err error) {
 		resp, err = c.images.ListImages(ctx, &runtimeapi.ListImagesRequest{Filter: filter})
 		return err
 	})

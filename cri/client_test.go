@@ -313,6 +313,99 @@ func TestCallTimeout(t *testing.T) {
 	require.ErrorIs(t, err, cri.ErrTimeout)
 }
 
+// TestCallDeadline checks the deadline the runtime receives: the earlier of the
+// caller's and CallTimeout (plus the command's timeout for ExecSync); PullImage gets
+// the caller's alone.
+func TestCallDeadline(t *testing.T) {
+	rt := fakeruntime.New()
+	var mu sync.Mutex
+	deadlines := map[string]time.Duration{} // method -> time left when the call arrived; -1: none
+	s := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		left := time.Duration(-1)
+		if dl, ok := ctx.Deadline(); ok {
+			left = time.Until(dl)
+		}
+		mu.Lock()
+		deadlines[info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]] = left
+		mu.Unlock()
+		return handler(ctx, req)
+	}))
+	rt.Register(s)
+	l := bufconn.Listen(1 << 20)
+	go func() { _ = s.Serve(l) }()
+	defer s.Stop()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	c, err := cri.NewWithConn(context.Background(), conn, cri.Config{CallTimeout: time.Hour})
+	require.NoError(t, err)
+	left := func(method string) time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return deadlines[method]
+	}
+	const slack = time.Minute
+
+	_, err = c.Version(context.Background())
+	require.NoError(t, err)
+	assert.InDelta(t, time.Hour, left("Version"), float64(slack), "no caller deadline: CallTimeout")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = c.Status(ctx)
+	require.NoError(t, err)
+	assert.InDelta(t, 10*time.Second, left("Status"), float64(slack), "an earlier caller deadline wins")
+
+	ctx2h, cancel2h := context.WithTimeout(context.Background(), 2*time.Hour)
+	defer cancel2h()
+	_, err = c.ListContainers(ctx2h, nil)
+	require.NoError(t, err)
+	assert.InDelta(t, time.Hour, left("ListContainers"), float64(slack), "a later caller deadline: CallTimeout")
+
+	rt.AddImage("registry.example/app:1")
+	_, err = c.PullImage(context.Background(), "registry.example/app:1", nil, nil)
+	require.NoError(t, err)
+	assert.Equal(t, time.Duration(-1), left("PullImage"), "pulls are bounded by ctx alone")
+
+	_, _, _, err = c.ExecSync(context.Background(), "nope", []string{"true"}, 30*time.Minute)
+	require.ErrorIs(t, err, cri.ErrNotFound)
+	assert.InDelta(t, 90*time.Minute, left("ExecSync"), float64(slack), "ExecSync: command timeout + CallTimeout")
+}
+
+// TestErrorNamesObject checks the object each failed call names.
+func TestErrorNamesObject(t *testing.T) {
+	f := startFake(t, cri.Config{})
+	ctx := context.Background()
+	pod := testPod()
+	sbCfg, err := cri.PodSandboxConfig(pod, cri.PodOptions{})
+	require.NoError(t, err)
+	ctrCfg, err := cri.ContainerConfig(pod, "nginx", 0, "")
+	require.NoError(t, err)
+
+	f.rt.FailNext("RunPodSandbox", status.Error(codes.Internal, "boom"))
+	_, err = f.client.RunPodSandbox(ctx, sbCfg, "")
+	require.Error(t, err)
+	assert.Equal(t, `cri RunPodSandbox pod "default/web": boom (Internal)`, err.Error())
+
+	_, err = f.client.CreateContainer(ctx, "nosandbox", ctrCfg, sbCfg)
+	require.ErrorIs(t, err, cri.ErrNotFound)
+	assert.Contains(t, err.Error(), `cri CreateContainer container "nginx" in pod sandbox "nosandbox": `)
+
+	_, _, _, err = f.client.ExecSync(ctx, "noctr", []string{"echo", "a b"}, 0)
+	require.ErrorIs(t, err, cri.ErrNotFound)
+	assert.Contains(t, err.Error(), `cri ExecSync container "noctr" command ["echo" "a b"]: `)
+
+	f.rt.FailNext("Version", status.Error(codes.Internal, "boom"))
+	_, err = f.client.Version(ctx)
+	assert.EqualError(t, err, "cri Version: boom (Internal)")
+
+	f.rt.FailNext("ImageStatus", status.Error(codes.Internal, "boom"))
+	_, err = f.client.ImageStatus(ctx, "registry.example/app:1")
+	assert.EqualError(t, err, `cri ImageStatus image "registry.example/app:1": boom (Internal)`)
+}
+
 func TestExecSyncTimeout(t *testing.T) {
 	f := startFake(t, cri.Config{CallTimeout: 5 * time.Second})
 	id := runContainer(t, f)
