@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -196,6 +198,32 @@ func TestContainerdNoCNI(t *testing.T) {
 	st, err := c.ContainerStatus(ctx, containerID)
 	require.NoError(t, err)
 	assert.Equal(t, runtimeapi.ContainerState_CONTAINER_RUNNING, st.GetState())
+}
+
+// TestContainerdResources checks that ContainerConfig's resources reach the
+// container's cgroup (v1 here) through containerd and runc.
+func TestContainerdResources(t *testing.T) {
+	testenv.RequireLong(t)
+	rt := containerd.Start(t, containerd.Options{})
+	c := connect(t, rt.Endpoint())
+	pod := busyboxPod("limited", rt.BusyboxImage(), "sleep", "3600")
+	pod.Spec.HostNetwork = true // no CNI needed
+	pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m")},
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+	}
+	_, containerID, _ := startPod(t, c, pod, rt.BusyboxImage(), t.TempDir())
+	read := func(path string) string {
+		t.Helper()
+		stdout, stderr, code, err := c.ExecSync(context.Background(), containerID, []string{"cat", path}, 10*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, 0, code, "cat %s: %s", path, stderr)
+		return strings.TrimSpace(string(stdout))
+	}
+	assert.Equal(t, "256", read("/sys/fs/cgroup/cpu/cpu.shares"))
+	assert.Equal(t, "50000", read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"))
+	assert.Equal(t, "100000", read("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
+	assert.Equal(t, strconv.Itoa(64<<20), read("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 }
 
 func TestContainerdRestartRecovery(t *testing.T) {

@@ -15,7 +15,9 @@
 // # Timeouts
 //
 // Every call runs under Config.CallTimeout (default 2 minutes, the kubelet's
-// --runtime-request-timeout) and the caller's ctx, whichever ends first. Like the
+// --runtime-request-timeout) and the caller's ctx, whichever ends first; the deadline
+// travels to the runtime (grpc-timeout), as the kubelet's does. A caller's deadline
+// that comes first is used as is. Like the
 // kubelet, RunPodSandbox gets twice the timeout, StopContainer and ExecSync get their
 // own grace or timeout on top, and PullImage is bounded by ctx alone.
 //
@@ -42,8 +44,11 @@
 // termination message settings, grace periods, preStop handler, ports), log paths
 // (/var/log/pods/<ns>_<name>_<uid>/<container>/<restart>.log), hostname and Linux
 // namespaces. crictl pods and crictl ps therefore show nodekit's pods exactly as a
-// kubelet's. Volumes, resources, DNS policy and env values from the API are the
-// caller's to resolve.
+// kubelet's. ContainerConfig also computes the container's cgroup settings as the
+// kubelet does (cpu.shares from the CPU request, a CFS quota from the CPU limit over
+// a 100 ms period, the memory limit) and maps literal env, command, args, working dir
+// and the basic security context. Volumes, devices, the OOM score, DNS policy and env
+// values from the API are the caller's to resolve.
 //
 // # Node readiness
 //

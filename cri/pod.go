@@ -162,9 +162,13 @@ func PodSandboxConfig(pod *corev1.Pod, opts PodOptions) (*runtimeapi.PodSandboxC
 // io.kubernetes.* labels, the kubelet's annotations (hash, restart count, termination
 // message path and policy, grace periods, preStop handler and ports as JSON), the log
 // path <name>/<restartCount>.log, command and args with $(VAR) references expanded
-// from the container's literal env, and the Linux security settings. imageRef is the
-// resolved image (PullImage's answer); "" sends the container's image as written.
-// Env entries with valueFrom, volume mounts and resources are left to the caller.
+// from the container's literal env, the Linux resources (CPU shares, CFS quota and
+// period, memory limit, computed as the kubelet does) and the Linux security settings
+// (user, group, supplemental groups, privileged, read-only root, capabilities,
+// no_new_privs). imageRef is the resolved image (PullImage's answer); "" sends the
+// container's image as written. Env entries with valueFrom, volume mounts, devices,
+// the OOM score adjustment, seccomp/AppArmor/SELinux and masked /proc paths are left
+// to the caller.
 func ContainerConfig(pod *corev1.Pod, name string, restartCount int, imageRef string) (*runtimeapi.ContainerConfig, error) {
 	if err := validatePod(pod); err != nil {
 		return nil, err
@@ -192,12 +196,20 @@ func ContainerConfig(pod *corev1.Pod, name string, restartCount int, imageRef st
 
 	env := map[string]string{}
 	var envs []*runtimeapi.KeyValue
+	index := map[string]int{} // name -> position in envs
 	for _, e := range container.Env {
 		if e.ValueFrom != nil {
 			continue
 		}
 		v := expand(e.Value, env)
 		env[e.Name] = v
+		// A name given twice gets its last value, as in the kubelet (which keys env
+		// by name).
+		if i, ok := index[e.Name]; ok {
+			envs[i].Value = []byte(v)
+			continue
+		}
+		index[e.Name] = len(envs)
 		envs = append(envs, &runtimeapi.KeyValue{Key: e.Name, Value: []byte(v)})
 	}
 	command := make([]string, 0, len(container.Command))
@@ -259,6 +271,10 @@ func ContainerConfig(pod *corev1.Pod, name string, restartCount int, imageRef st
 		if psc.RunAsGroup != nil {
 			sc.RunAsGroup = &runtimeapi.Int64Value{Value: *psc.RunAsGroup}
 		}
+		if psc.FSGroup != nil {
+			sc.SupplementalGroups = append(sc.SupplementalGroups, *psc.FSGroup)
+		}
+		sc.SupplementalGroups = append(sc.SupplementalGroups, psc.SupplementalGroups...)
 	}
 	if csc := container.SecurityContext; csc != nil {
 		if csc.Privileged != nil {
@@ -273,6 +289,10 @@ func ContainerConfig(pod *corev1.Pod, name string, restartCount int, imageRef st
 		if csc.ReadOnlyRootFilesystem != nil {
 			sc.ReadonlyRootfs = *csc.ReadOnlyRootFilesystem
 		}
+		// Only an explicit allowPrivilegeEscalation: false sets no_new_privs.
+		if csc.AllowPrivilegeEscalation != nil {
+			sc.NoNewPrivs = !*csc.AllowPrivilegeEscalation
+		}
 		if caps := csc.Capabilities; caps != nil {
 			sc.Capabilities = &runtimeapi.Capability{}
 			for _, c := range caps.Add {
@@ -283,8 +303,54 @@ func ContainerConfig(pod *corev1.Pod, name string, restartCount int, imageRef st
 			}
 		}
 	}
-	cfg.Linux = &runtimeapi.LinuxContainerConfig{SecurityContext: sc}
+	cfg.Linux = &runtimeapi.LinuxContainerConfig{Resources: containerResources(container), SecurityContext: sc}
 	return cfg, nil
+}
+
+// The kubelet's CPU conversions (pkg/kubelet/cm): cgroup v1 cpu.shares and the CFS
+// quota over its default period.
+const (
+	minCPUShares    = 2
+	maxCPUShares    = 262144
+	cpuSharesPerCPU = 1024
+	// CFSQuotaPeriod is the CFS period, in microseconds, the kubelet gives every
+	// container (100 ms; --cpu-cfs-quota-period is behind a feature gate).
+	CFSQuotaPeriod = 100000
+	minCFSQuota    = 1000 // 1 ms, the kernel's minimum
+)
+
+// containerResources computes what the kubelet sends for a container's cgroup, with
+// its default --cpu-cfs-quota=true: cpu.shares from the CPU request (the limit when
+// there is no request; 2 when neither), the CFS quota from the CPU limit (0: none)
+// over a 100 ms period, and the memory limit. The OOM score, hugepages, swap and
+// cgroup v2 unified settings depend on the node and are left to the caller.
+func containerResources(c *corev1.Container) *runtimeapi.LinuxContainerResources {
+	cpuLimit := c.Resources.Limits.Cpu().MilliValue()
+	cpuRequest := cpuLimit
+	if q, ok := c.Resources.Requests[corev1.ResourceCPU]; ok {
+		cpuRequest = q.MilliValue()
+	}
+	return &runtimeapi.LinuxContainerResources{
+		CpuShares:          milliCPUToShares(cpuRequest),
+		CpuQuota:           milliCPUToQuota(cpuLimit, CFSQuotaPeriod),
+		CpuPeriod:          CFSQuotaPeriod,
+		MemoryLimitInBytes: c.Resources.Limits.Memory().Value(),
+	}
+}
+
+// milliCPUToShares: 1024 shares per CPU, clamped to [2, 262144]; no request gets 2.
+func milliCPUToShares(milliCPU int64) int64 {
+	shares := milliCPU * cpuSharesPerCPU / 1000
+	return min(max(shares, minCPUShares), maxCPUShares)
+}
+
+// milliCPUToQuota: the share of period (µs) the limit allows, at least 1 ms; no limit
+// gives 0 (unlimited).
+func milliCPUToQuota(milliCPU, period int64) int64 {
+	if milliCPU == 0 {
+		return 0
+	}
+	return max(milliCPU*period/1000, minCFSQuota)
 }
 
 // ContainerHash is the kubelet's io.kubernetes.container.hash: FNV-32a over the

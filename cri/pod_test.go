@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/testing/protocmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
@@ -200,9 +201,13 @@ func TestContainerConfig(t *testing.T) {
 		},
 		Envs:    []*runtimeapi.KeyValue{{Key: "WHO", Value: []byte("world")}, {Key: "GREETING", Value: []byte("hello world")}},
 		LogPath: "nginx/3.log",
-		Linux: &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
-			NamespaceOptions: &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_POD, Pid: runtimeapi.NamespaceMode_CONTAINER, Ipc: runtimeapi.NamespaceMode_POD},
-		}},
+		Linux: &runtimeapi.LinuxContainerConfig{
+			// No requests or limits: the kubelet's minimum shares and no quota.
+			Resources: &runtimeapi.LinuxContainerResources{CpuShares: 2, CpuPeriod: 100000},
+			SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
+				NamespaceOptions: &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_POD, Pid: runtimeapi.NamespaceMode_CONTAINER, Ipc: runtimeapi.NamespaceMode_POD},
+			},
+		},
 	}
 	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 		t.Errorf("ContainerConfig (-want +got):\n%s", diff)
@@ -212,6 +217,81 @@ func TestContainerConfig(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "docker.io/library/nginx:1.27", unresolved.Image.Image, "without a resolved ref the image goes as written")
 	assert.Equal(t, "nginx/0.log", unresolved.LogPath)
+}
+
+func TestContainerConfigResources(t *testing.T) {
+	q := resource.MustParse
+	tests := []struct {
+		name      string
+		resources corev1.ResourceRequirements
+		want      *runtimeapi.LinuxContainerResources
+	}{
+		{"none", corev1.ResourceRequirements{},
+			&runtimeapi.LinuxContainerResources{CpuShares: 2, CpuPeriod: 100000}},
+		{"burstable", corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: q("250m"), corev1.ResourceMemory: q("64Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceCPU: q("500m"), corev1.ResourceMemory: q("128Mi")},
+		}, &runtimeapi.LinuxContainerResources{CpuShares: 256, CpuQuota: 50000, CpuPeriod: 100000, MemoryLimitInBytes: 128 << 20}},
+		{"limit only: the request defaults to it", corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{corev1.ResourceCPU: q("2"), corev1.ResourceMemory: q("1G")},
+		}, &runtimeapi.LinuxContainerResources{CpuShares: 2048, CpuQuota: 200000, CpuPeriod: 100000, MemoryLimitInBytes: 1e9}},
+		{"request only", corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: q("100m")},
+		}, &runtimeapi.LinuxContainerResources{CpuShares: 102, CpuPeriod: 100000}},
+		{"explicit zero request keeps the minimum", corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: q("0")},
+			Limits:   corev1.ResourceList{corev1.ResourceCPU: q("1")},
+		}, &runtimeapi.LinuxContainerResources{CpuShares: 2, CpuQuota: 100000, CpuPeriod: 100000}},
+		{"tiny limit: quota at least 1ms", corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{corev1.ResourceCPU: q("5m")},
+		}, &runtimeapi.LinuxContainerResources{CpuShares: 5, CpuQuota: 1000, CpuPeriod: 100000}},
+		{"tiny request: at least 2 shares", corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: q("1m")},
+		}, &runtimeapi.LinuxContainerResources{CpuShares: 2, CpuPeriod: 100000}},
+		{"huge request: at most 262144 shares", corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: q("300")},
+		}, &runtimeapi.LinuxContainerResources{CpuShares: 262144, CpuPeriod: 100000}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pod := testPod()
+			pod.Spec.Containers[0].Resources = tt.resources
+			got, err := cri.ContainerConfig(pod, "nginx", 0, "")
+			require.NoError(t, err)
+			if diff := cmp.Diff(tt.want, got.GetLinux().GetResources(), protocmp.Transform()); diff != "" {
+				t.Errorf("resources (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestContainerConfigSecurityAndEnv(t *testing.T) {
+	pod := testPod()
+	pod.Spec.SecurityContext = &corev1.PodSecurityContext{
+		RunAsUser: ptr.To[int64](1000), FSGroup: ptr.To[int64](2000), SupplementalGroups: []int64{3000, 3001},
+	}
+	c := &pod.Spec.Containers[0]
+	c.SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false), RunAsUser: ptr.To[int64](1001)}
+	c.Env = []corev1.EnvVar{{Name: "A", Value: "1"}, {Name: "B", Value: "$(A)"}, {Name: "A", Value: "2"}, {Name: "C", Value: "$(A)"}}
+	c.WorkingDir = "/srv"
+	got, err := cri.ContainerConfig(pod, "nginx", 0, "")
+	require.NoError(t, err)
+	sc := got.GetLinux().GetSecurityContext()
+	assert.True(t, sc.GetNoNewPrivs(), "allowPrivilegeEscalation: false sets no_new_privs")
+	assert.Equal(t, int64(1001), sc.GetRunAsUser().GetValue(), "the container's user wins over the pod's")
+	assert.Equal(t, []int64{2000, 3000, 3001}, sc.GetSupplementalGroups(), "fsGroup first, then the pod's groups")
+	assert.Equal(t, "/srv", got.GetWorkingDir())
+	assert.Equal(t, []*runtimeapi.KeyValue{{Key: "A", Value: []byte("2")}, {Key: "B", Value: []byte("1")}, {Key: "C", Value: []byte("2")}},
+		got.GetEnvs(), "a repeated name keeps its last value; references see the value defined before them")
+
+	c.SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
+	got, err = cri.ContainerConfig(pod, "nginx", 0, "")
+	require.NoError(t, err)
+	assert.False(t, got.GetLinux().GetSecurityContext().GetNoNewPrivs())
+	c.SecurityContext.AllowPrivilegeEscalation = nil
+	got, err = cri.ContainerConfig(pod, "nginx", 0, "")
+	require.NoError(t, err)
+	assert.False(t, got.GetLinux().GetSecurityContext().GetNoNewPrivs(), "unset: the runtime's default")
 }
 
 func TestContainerHash(t *testing.T) {
