@@ -128,6 +128,24 @@ func BenchmarkIPTables(b *testing.B) {
 						require.NoError(b, env.Node.Do(func() error { return w.Sync(ctx, st) }))
 					}
 				})
+				// A restarted writer (or one after a failed apply) rewrites every
+				// chain over its own previous chains: the iptables-nft restore then
+				// reads the whole table back.
+				b.Run("full-resync-over-own-chains", func(b *testing.B) {
+					env := netns.New(b, netns.Config{Pods: 1})
+					var w *rules.IPTables
+					require.NoError(b, env.Node.Do(func() error {
+						w, err = rules.NewIPTables(ctx, cfg)
+						if err != nil {
+							return err
+						}
+						return w.Sync(ctx, st)
+					}))
+					for b.Loop() {
+						w.ForceFullSync()
+						require.NoError(b, env.Node.Do(func() error { return w.Sync(ctx, st) }))
+					}
+				})
 				b.Run("restore-same-payload", func(b *testing.B) {
 					for b.Loop() {
 						b.StopTimer()

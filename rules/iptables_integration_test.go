@@ -47,9 +47,43 @@ func TestIPTablesRealPackets(t *testing.T) {
 				{Namespace: "kube-system", Name: "dns", Protocol: rules.UDP, ClusterIP: dnsVIP, Port: 53, Endpoints: e.udpEndpoints(0, 1)},
 				{Namespace: "default", Name: "empty", Protocol: rules.TCP, ClusterIP: noneVIP, Port: 80},
 			}}
+			// Other tools' chains and rules, among them a real kube-proxy's with the
+			// default prefix: no sync may change them.
+			ipt := strings.TrimSuffix(bin, "-restore")
+			foreign := [][]string{
+				{"-t", "nat", "-N", "DOCKER"},
+				{"-t", "nat", "-A", "DOCKER", "-d", "192.0.2.7/32", "-p", "tcp", "-m", "tcp", "--dport", "8443", "-j", "DNAT", "--to-destination", "10.244.9.9:443"},
+				{"-t", "nat", "-A", "PREROUTING", "-m", "addrtype", "--dst-type", "LOCAL", "-j", "DOCKER"},
+				{"-t", "nat", "-N", "KUBE-SERVICES"},
+				{"-t", "nat", "-N", "KUBE-SVC-AAAAAAAAAAAAAAAA"},
+				{"-t", "nat", "-A", "KUBE-SERVICES", "-d", "192.0.2.8/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-j", "KUBE-SVC-AAAAAAAAAAAAAAAA"},
+				{"-t", "filter", "-N", "DOCKER-USER"},
+				{"-t", "filter", "-A", "DOCKER-USER", "-s", "192.0.2.9/32", "-j", "RETURN"},
+				{"-t", "filter", "-A", "FORWARD", "-j", "DOCKER-USER"},
+			}
+			for _, args := range foreign {
+				_, err := env.NodeRun(ctx, "", ipt, append([]string{"-w"}, args...)...)
+				require.NoError(t, err, "%v", args)
+			}
+			foreignLines := func(t *testing.T) []string {
+				t.Helper()
+				out, err := env.NodeRun(ctx, "", ipt+"-save")
+				require.NoError(t, err)
+				var lines []string
+				for _, l := range strings.Split(out, "\n") {
+					if strings.Contains(l, "DOCKER") || strings.Contains(l, "KUBE-") {
+						lines = append(lines, l)
+					}
+				}
+				return lines
+			}
+			wantForeign := foreignLines(t)
+			require.Len(t, wantForeign, 9, "%q", wantForeign)
+
 			t0 := time.Now()
 			require.NoError(t, sync(st))
 			t.Logf("first full sync (%s): %s", mode, time.Since(t0))
+			assert.Equal(t, wantForeign, foreignLines(t), "a full sync leaves other tools' chains and rules alone")
 			vip := net.JoinHostPort(webVIP.String(), "80")
 
 			t.Run("ClusterIP reaches every endpoint roughly evenly", func(t *testing.T) {
@@ -210,6 +244,13 @@ func TestIPTablesRealPackets(t *testing.T) {
 				require.NoError(t, sync(st))
 				_, err = env.Client.Dial(ctx, "tcp", vip)
 				assert.True(t, errors.Is(err, syscall.ECONNREFUSED), "no endpoints now: %v", err)
+			})
+			t.Run("other tools' chains and rules survive every sync", func(t *testing.T) {
+				w.ForceFullSync()
+				require.NoError(t, sync(st))
+				st.Services[1].Endpoints = e.udpEndpoints(1)
+				require.NoError(t, sync(st))
+				assert.Equal(t, wantForeign, foreignLines(t))
 			})
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -90,5 +91,72 @@ func TestIPTablesConfigValidation(t *testing.T) {
 	} {
 		_, err := RenderIPTables(cfg, &State{})
 		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
+	}
+}
+
+// TestIPTablesListFirst: on iptables-nft a full sync lists the nat table before the
+// bulk of its commands (see listTrick), after the declarations and jump rules that
+// must precede the listing; partial syncs, legacy and a restore that refuses the
+// listing write none.
+func TestIPTablesListFirst(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		mode      IPTablesMode
+		probeFail bool
+		wantList  bool
+	}{
+		{"nft", IPTablesNFT, false, true},
+		{"nft refusing the listing", IPTablesNFT, true, false},
+		{"legacy", IPTablesLegacy, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := IPTablesConfig{Mode: tc.mode, Prefix: "NK"}
+			require.NoError(t, cfg.setDefaults())
+			fr := &fakeRunner{save: "*nat\n:PREROUTING ACCEPT [0:0]\n:DOCKER - [0:0]\n-A PREROUTING -j DOCKER\nCOMMIT\n*filter\nCOMMIT\n"}
+			w := &IPTables{cfg: cfg, run: fr.run}
+			if tc.probeFail {
+				fr.failNext = errors.New("iptables-restore: line 2 failed")
+			}
+			w.listFirst = w.probeListTrick(ctx)
+			if tc.mode == IPTablesNFT {
+				require.Equal(t, []string{"iptables-restore -w --noflush --test"}, fr.calls, "the probe only parses")
+				assert.Equal(t, "*nat\n-S\nCOMMIT\n", fr.stdins[0])
+			} else {
+				assert.Empty(t, fr.calls, "legacy needs no probe")
+			}
+			fr.calls, fr.stdins = nil, nil
+
+			st := sampleState()
+			require.NoError(t, w.Sync(ctx, st))
+			full := fr.stdins[len(fr.stdins)-1]
+			nat, filter, ok := strings.Cut(full, "*filter\n")
+			require.True(t, ok)
+			assert.NotContains(t, filter, "\n-S\n", "filter holds a handful of chains: no listing")
+			assert.NotContains(t, full, "DOCKER", "foreign chains are never named")
+			if !tc.wantList {
+				assert.NotContains(t, nat, "\n-S\n")
+				return
+			}
+			lines := strings.Split(nat, "\n")
+			list := slices.Index(lines, "-S")
+			require.Positive(t, list, "the full sync lists the nat table:\n%s", nat)
+			for i, l := range lines {
+				switch {
+				case strings.HasPrefix(l, "-I "):
+					assert.Less(t, i, list, "jump rules create missing built-in chains before the listing: %s", l)
+				case strings.HasPrefix(l, ":NK-SVC-"), strings.HasPrefix(l, ":NK-SEP-"), strings.HasPrefix(l, "-A "):
+					assert.Greater(t, i, list, "the bulk follows the listing: %s", l)
+				case strings.HasPrefix(l, ":NK-SERVICES "), strings.HasPrefix(l, ":NK-POSTROUTING "):
+					assert.Less(t, i, list, "jump targets are declared before the jumps: %s", l)
+				}
+			}
+			assert.Equal(t, 3, strings.Count(nat, "\n-I "), "all three nat jumps were missing")
+
+			fr.stdins = nil
+			st.Services[1].Endpoints = st.Services[1].Endpoints[:1]
+			require.NoError(t, w.Sync(ctx, st))
+			assert.NotContains(t, fr.stdins[0], "\n-S\n", "a partial sync names few chains: no listing")
+		})
 	}
 }
