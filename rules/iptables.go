@@ -330,6 +330,19 @@ func (w *IPTables) compile(st *State) (*iptPlan, error) {
 
 // payload renders the iptables-restore input. prev is what the kernel holds (nil:
 // a full sync, writing every service chain); stale lists service chains to delete.
+// chainsSize is about the payload size of the named chains of m: their
+// declarations and their rules.
+func chainsSize(m map[string][]string, names []string) int {
+	n := 0
+	for _, name := range names {
+		n += len(name) + 12
+		for _, r := range m[name] {
+			n += len(name) + len(r) + 5
+		}
+	}
+	return n
+}
+
 func (w *IPTables) payload(p *iptPlan, prev map[string][]string, stale []string, jumps [][]string) string {
 	var b strings.Builder
 	writeJumps := func(table string) {
@@ -358,6 +371,8 @@ func (w *IPTables) payload(p *iptPlan, prev map[string][]string, stale []string,
 			writeJumps(table)
 			b.WriteString(listTrick + "\n")
 		}
+		// Grow once: doubling a multi-megabyte builder cost more than writing it.
+		b.Grow(chainsSize(top, topNames) + chainsSize(svc, changed))
 		for _, name := range slices.Concat(changed, staleHere) {
 			fmt.Fprintf(&b, ":%s - [0:0]\n", name)
 		}
