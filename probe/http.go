@@ -221,9 +221,9 @@ var exchangePool = sync.Pool{New: func() any {
 
 var bodyPool = sync.Pool{New: func() any { b := make([]byte, maxBodyBytes); return &b }}
 
-// probeHTTPGet runs an httpGet handler: it follows redirects as http.Client
-// with the kubelet's CheckRedirect does, and judges the final response.
-func (p *Prober) probeHTTPGet(ctx context.Context, h *corev1.HTTPGetAction, target Target, timeout time.Duration) (Result, error) {
+// httpTarget resolves an httpGet handler into the URL and the headers of its
+// first request. The headers may be shared: callers must not change them.
+func (p *Prober) httpTarget(h *corev1.HTTPGetAction, target Target) (*url.URL, http.Header, error) {
 	scheme := strings.ToLower(string(h.Scheme))
 	if scheme == "" {
 		scheme = "http"
@@ -234,13 +234,22 @@ func (p *Prober) probeHTTPGet(ctx context.Context, h *corev1.HTTPGetAction, targ
 	}
 	port, err := resolvePort(h.Port, target.Container)
 	if err != nil {
-		return Result{Kind: Unknown}, err
+		return nil, nil, err
 	}
 	u, err := probeURL(scheme, host, port, h.Path)
 	if err != nil {
-		return Result{Kind: Unknown}, fmt.Errorf("%w: httpGet: %w", ErrInvalidProbe, err)
+		return nil, nil, fmt.Errorf("%w: httpGet: %w", ErrInvalidProbe, err)
 	}
-	hdr := p.probeHeaders(h.HTTPHeaders)
+	return u, p.probeHeaders(h.HTTPHeaders), nil
+}
+
+// probeHTTPGet runs an httpGet handler: it follows redirects as http.Client
+// with the kubelet's CheckRedirect does, and judges the final response.
+func (p *Prober) probeHTTPGet(ctx context.Context, h *corev1.HTTPGetAction, target Target, timeout time.Duration) (Result, error) {
+	u, hdr, err := p.httpTarget(h, target)
+	if err != nil {
+		return Result{Kind: Unknown}, err
+	}
 	first := hop{url: u, host: hdr.Get("Host"), header: hdr}
 
 	clientDeadline := time.Now().Add(timeout)

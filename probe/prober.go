@@ -9,9 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -247,41 +245,15 @@ func (p *Prober) attempt(ctx context.Context, spec *corev1.Probe, target Target)
 
 // newHTTPRequest builds the GET the kubelet sends for an httpGet handler.
 func (p *Prober) newHTTPRequest(ctx context.Context, h *corev1.HTTPGetAction, target Target) (*http.Request, error) {
-	scheme := strings.ToLower(string(h.Scheme))
-	if scheme == "" {
-		scheme = "http"
-	}
-	host := h.Host
-	if host == "" {
-		host = target.Host
-	}
-	port, err := resolvePort(h.Port, target.Container)
+	u, hdr, err := p.httpTarget(h, target)
 	if err != nil {
 		return nil, err
 	}
-	u, err := url.Parse(h.Path)
-	if err != nil {
-		u = &url.URL{Path: h.Path}
-	}
-	u.Scheme = scheme
-	u.Host = net.JoinHostPort(host, strconv.Itoa(port))
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: httpGet: %w", ErrInvalidProbe, err)
 	}
-	hdr := make(http.Header, len(h.HTTPHeaders)+2)
-	for _, kv := range h.HTTPHeaders {
-		hdr.Add(kv.Name, kv.Value)
-	}
-	if _, ok := hdr["User-Agent"]; !ok {
-		hdr.Set("User-Agent", p.opts.UserAgent)
-	}
-	if _, ok := hdr["Accept"]; !ok {
-		hdr.Set("Accept", "*/*")
-	} else if hdr.Get("Accept") == "" {
-		hdr.Del("Accept")
-	}
-	req.Header = hdr
+	req.Header = hdr.Clone()
 	req.Host = hdr.Get("Host")
 	return req, nil
 }
