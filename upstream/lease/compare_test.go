@@ -344,8 +344,14 @@ func warmUp(t *testing.T, client kubernetes.Interface, n int) {
 	leases := client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
 	var wg sync.WaitGroup
 	var failed atomic.Int32
+	var firstErr atomic.Value
+	// At most 1000 at once: 5000 unbounded requests overran the apiserver (200
+	// failed), which is not what the warm-up is for.
+	sem := make(chan struct{}, 1000)
 	for i := range n {
+		sem <- struct{}{}
 		wg.Go(func() {
+			defer func() { <-sem }()
 			name := fmt.Sprintf("warmup-%05d", i)
 			holder := name
 			l, err := leases.Create(context.Background(), &coordinationv1.Lease{
@@ -360,12 +366,13 @@ func warmUp(t *testing.T, client kubernetes.Interface, n int) {
 			}
 			if err != nil {
 				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err.Error())
 			}
 		})
 	}
 	wg.Wait()
 	if failed.Load() > 0 {
-		t.Fatalf("warm-up: %d of %d leases failed", failed.Load(), n)
+		t.Fatalf("warm-up: %d of %d leases failed, first: %v", failed.Load(), n, firstErr.Load())
 	}
 }
 
