@@ -206,15 +206,7 @@ func servicePorts(log logr.Logger, svc *v1.Service) []*ServicePort {
 		}
 		out = append(out, sp)
 	}
-	slices.SortFunc(out, func(a, b *ServicePort) int {
-		switch {
-		case a.Name.Less(b.Name):
-			return -1
-		case b.Name.Less(a.Name):
-			return 1
-		}
-		return 0
-	})
+	sortByName(out)
 	return out
 }
 
@@ -266,4 +258,17 @@ func sliceEndpoints(log logr.Logger, topos *topologies, es *discovery.EndpointSl
 		})
 	}
 	return out
+}
+
+// sortByName orders service ports by ServicePortName.
+func sortByName(ports []*ServicePort) {
+	slices.SortFunc(ports, func(a, b *ServicePort) int {
+		switch {
+		case a.Name.Less(b.Name):
+			return -1
+		case b.Name.Less(a.Name):
+			return 1
+		}
+		return 0
+	})
 }

@@ -718,15 +718,7 @@ func (s *Snapshot) Range(fn func(*ServicePort) bool) {
 func (s *Snapshot) Ports() []*ServicePort {
 	out := make([]*ServicePort, 0, s.ports)
 	s.Range(func(sp *ServicePort) bool { out = append(out, sp); return true })
-	slices.SortFunc(out, func(a, b *ServicePort) int {
-		switch {
-		case a.Name.Less(b.Name):
-			return -1
-		case b.Name.Less(a.Name):
-			return 1
-		}
-		return 0
-	})
+	sortByName(out)
 	return out
 }
 
