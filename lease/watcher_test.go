@@ -188,12 +188,7 @@ func TestWatcherRun(t *testing.T) {
 		require.Eventually(t, seen("node-a", now), 5*time.Second, time.Millisecond)
 		clk.SetTime(now)
 	}
-	var tr Transition
-	select {
-	case tr = <-transitions:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no transition for node-b")
-	}
+	tr := nextTransition(t, transitions, "no transition for node-b")
 	assert.Equal(t, "node-b", tr.Name)
 	assert.True(t, tr.Stale)
 
@@ -202,11 +197,7 @@ func TestWatcherRun(t *testing.T) {
 	require.NoError(t, api.SetRenewTime(ns, "node-b", back))
 	require.Eventually(t, seen("node-b", back), 5*time.Second, time.Millisecond)
 	clk.Step(time.Second)
-	select {
-	case tr = <-transitions:
-	case <-time.After(5 * time.Second):
-		t.Fatal("node-b never came back")
-	}
+	tr = nextTransition(t, transitions, "node-b never came back")
 	assert.Equal(t, "node-b", tr.Name)
 	assert.False(t, tr.Stale)
 	assert.Empty(t, transitions, "node-a must never be reported")
@@ -216,4 +207,16 @@ func TestWatcherRun(t *testing.T) {
 	ctx, cancel = context.WithCancel(context.Background())
 	cancel()
 	assert.NoError(t, w.Run(ctx))
+}
+
+// nextTransition waits up to 5s for the next Transition, failing with msg if none comes.
+func nextTransition(t *testing.T, transitions <-chan Transition, msg string) Transition {
+	t.Helper()
+	select {
+	case tr := <-transitions:
+		return tr
+	case <-time.After(5 * time.Second):
+		t.Fatal(msg)
+		return Transition{}
+	}
 }
