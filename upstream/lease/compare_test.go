@@ -181,10 +181,14 @@ func TestHeartbeatCost(t *testing.T) {
 			return func() { <-done }
 		}},
 	}
-	warmUp(t, client, *nodes)
-	if *first != sides[0].name {
+	switch *first {
+	case sides[0].name:
+	case sides[1].name:
 		sides[0], sides[1] = sides[1], sides[0]
+	default:
+		t.Fatalf("-first=%q: want %q or %q", *first, sides[0].name, sides[1].name)
 	}
+	warmUp(t, client, *nodes)
 	var results []result
 	for _, side := range sides {
 		names := make([]string, *nodes)
