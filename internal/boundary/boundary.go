@@ -1,6 +1,7 @@
 // Package boundary checks the rules that keep nodekit embeddable: the root module never
-// requires k8s.io/kubernetes, and the library packages (lease, probe, cri, staticpod,
-// servicemap, rules) import none of each other. The check runs in this package's tests.
+// requires k8s.io/kubernetes, the library packages (every top-level folder of the root
+// module except agents/ and internal/) import none of each other, and none imports the
+// agents. The check runs in this package's tests.
 package boundary
 
 import (
@@ -12,8 +13,12 @@ import (
 // Module is nodekit's root module path.
 const Module = "github.com/nodekit-dev/nodekit"
 
-// Libraries are the top-level library packages, each with its subpackages.
-var Libraries = []string{"lease", "probe", "cri", "staticpod", "servicemap", "rules"}
+// notLibraries are the top-level folders of the root module that hold no library: the
+// agents (the one place libraries are wired together) and the project's internals.
+var notLibraries = map[string]bool{"agents": true, "internal": true}
+
+// Agents is the folder of the reference agents, which no library may import.
+const Agents = "agents"
 
 // Package is what the check needs of one package in the build: its path and what it
 // imports, for its own code (transitively) and for its tests (directly).
@@ -23,23 +28,28 @@ type Package struct {
 	TestImports []string // direct imports of _test.go files, in and out of the package
 }
 
-// library returns which library a package path belongs to, or "".
-func library(importPath string) string {
+// topLevel returns the top-level folder of a package path inside the module, or "".
+func topLevel(importPath string) string {
 	rest, ok := strings.CutPrefix(importPath, Module+"/")
 	if !ok {
 		return ""
 	}
 	top, _, _ := strings.Cut(rest, "/")
-	for _, l := range Libraries {
-		if top == l {
-			return l
-		}
-	}
-	return ""
+	return top
 }
 
-// Violations lists every import that crosses from one library into another, and every
-// use of k8s.io/kubernetes, in a stable order.
+// library returns which library a package path belongs to, or "". A new top-level
+// package is a library from the moment it exists, so the rules cover it unasked.
+func library(importPath string) string {
+	top := topLevel(importPath)
+	if top == "" || notLibraries[top] {
+		return ""
+	}
+	return top
+}
+
+// Violations lists every import that crosses from one library into another or from a
+// library into the agents, and every use of k8s.io/kubernetes, in a stable order.
 func Violations(pkgs []Package) []string {
 	var out []string
 	for _, p := range pkgs {
@@ -50,6 +60,10 @@ func Violations(pkgs []Package) []string {
 				return
 			}
 			if self == "" {
+				return
+			}
+			if topLevel(imp) == Agents {
+				out = append(out, fmt.Sprintf("%s %s %s: library packages must not import the agents", p.ImportPath, via, imp))
 				return
 			}
 			if other := library(imp); other != "" && other != self {

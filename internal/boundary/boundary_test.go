@@ -81,11 +81,17 @@ func TestViolationsCatchesCrossings(t *testing.T) {
 		{ImportPath: Module + "/cri", Deps: []string{"k8s.io/kubernetes/pkg/kubelet"}},
 		{ImportPath: Module + "/agents/kubelet", Deps: []string{Module + "/lease", Module + "/probe"}},
 		{ImportPath: Module + "/leasetools", Deps: []string{Module + "/probe"}},
+		{ImportPath: Module + "/staticpod", TestImports: []string{Module + "/agents/kubelet"}},
+		{ImportPath: Module + "/probe/probetest", Deps: []string{Module + "/agents/internal/x", Module + "/internal/testenv"}},
+		{ImportPath: Module + "/internal/testenv", Deps: []string{Module + "/lease", Module + "/agents/kubelet"}},
 	}
 	assert.Equal(t, []string{
 		Module + "/cri depends on k8s.io/kubernetes (k8s.io/kubernetes/pkg/kubelet)",
 		Module + "/lease depends on " + Module + "/probe: library packages must not import each other",
+		Module + "/leasetools depends on " + Module + "/probe: library packages must not import each other",
+		Module + "/probe/probetest depends on " + Module + "/agents/internal/x: library packages must not import the agents",
 		Module + "/rules/nft imports in tests " + Module + "/servicemap/servicemaptest: library packages must not import each other",
+		Module + "/staticpod imports in tests " + Module + "/agents/kubelet: library packages must not import the agents",
 	}, Violations(pkgs))
 	assert.True(t, RequiresKubernetes([]string{"k8s.io/api", "k8s.io/kubernetes"}))
 	assert.False(t, RequiresKubernetes([]string{"k8s.io/api", "k8s.io/kubernetes-extra"}))
