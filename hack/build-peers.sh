@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the peer binaries nodekit's tests run against, from the Go module proxy, and caches
 # them by content so a second run costs a few seconds:
-#   kube-apiserver, kube-controller-manager, kubectl, kube-proxy (k8s.io/kubernetes), and
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kube-proxy and the
+#   kubelet (k8s.io/kubernetes), and
 #   etcd (upstream/cmd/etcd over go.etcd.io/etcd/server/v3/embed).
-# All five come from ONE `go build` so the packages they share compile once.
+# All of them come from ONE `go build` so the packages they share compile once.
 #
 # Prints the directory holding the binaries on stdout. Everything else goes to stderr.
 # NODEKIT_PEERS_DIR, when set, is used as is and nothing is built.
@@ -16,7 +17,7 @@ if [ -n "${NODEKIT_PEERS_DIR:-}" ]; then
 fi
 
 k8s_version=v1.37.2
-peers=(kube-apiserver kube-controller-manager kubectl kube-proxy etcd)
+peers=(kube-apiserver kube-controller-manager kube-scheduler kubectl kube-proxy kubelet etcd)
 
 minor=${k8s_version#v1.}; minor=${minor%%.*}
 ldflags="-s -w"
@@ -46,8 +47,10 @@ start=$(date +%s)
   CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler \
     k8s.io/kubernetes/cmd/kubectl \
     k8s.io/kubernetes/cmd/kube-proxy \
+    k8s.io/kubernetes/cmd/kubelet \
     ./cmd/etcd
 )
 for p in "${peers[@]}"; do
