@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	upgrpc "k8s.io/kubernetes/pkg/probe/grpc"
@@ -193,6 +195,17 @@ func behaviours(t testing.TB) []behaviour {
 		{"grpc to an h2c server, 200", grpcCheck(h2c200Port, ""), gHost},
 		{"grpc connect timeout", grpcCheck(synHangPort, ""), rawHost},
 		{"grpc to IPv6 loopback, refused", grpcCheck(refused, ""), "::1"},
+	}
+	h2Port := scriptServer(t, nil)
+	names := make([]string, 0, len(fixedScripts))
+	for name := range fixedScripts {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	b = append(b, behaviour{"grpc raw h2: request headers over the server's limit",
+		grpcCheck(scriptServer(t, []http2.Setting{{ID: http2.SettingMaxHeaderListSize, Val: 100}}), "fixed:well-behaved"), gHost})
+	for _, name := range names {
+		b = append(b, behaviour{"grpc raw h2: " + name, grpcCheck(h2Port, "fixed:"+name), gHost})
 	}
 	return b
 }
