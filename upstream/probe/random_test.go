@@ -32,7 +32,6 @@ func TestRandomGRPCServers(t *testing.T) {
 		ports[i] = scriptServer(t, s)
 	}
 	nk := probe.NewProber(probe.Options{})
-	type outcome struct{ kind, msg string }
 	var (
 		mu       sync.Mutex
 		failures int
@@ -58,26 +57,12 @@ func TestRandomGRPCServers(t *testing.T) {
 			// servers (more DATA than the flow-control window while messages
 			// are being read), so neither side always gives one answer: they
 			// agree when the answers each gives over a few more runs meet.
-			ups := map[outcome]bool{up: true}
-			nks := map[outcome]bool{got: true}
-			for range 20 {
-				k, m, e := runUpstream(b.spec, b.host)
-				if e == nil {
-					ups[outcome{k, normalize(m)}] = true
-				}
-				r, e2 := nk.ProbeOnce(context.Background(), b.spec, probe.Target{Host: b.host})
-				if e2 == nil {
-					nks[outcome{string(r.Kind), normalize(r.Message)}] = true
-				}
-				for o := range nks {
-					if ups[o] && err == nil && upErr == nil {
-						mu.Lock()
-						racy++
-						mu.Unlock()
-						t.Logf("seed %d: answers vary from run to run: upstream %v, nodekit %v", seed, keys(ups), keys(nks))
-						return
-					}
-				}
+			if ups, nks, ok := answersMeet(nk, b); ok {
+				mu.Lock()
+				racy++
+				mu.Unlock()
+				t.Logf("seed %d: answers vary from run to run: upstream %v, nodekit %v", seed, keys(ups), keys(nks))
+				return
 			}
 			mu.Lock()
 			defer mu.Unlock()
