@@ -35,11 +35,13 @@
 //
 // To cost a fraction of the kubelet's allocations per probe, plain-http
 // httpGet probes speak HTTP/1.1 directly on the socket (http.ReadResponse for
-// the reply, http.Client's redirect rules reproduced), grpc probes speak the
-// health check directly over HTTP/2, and IP literals are connected without
-// net.Dialer; requests, results and messages are the kubelet's (upstream/probe
-// compares them). https hops, h2c and gRPC TLS mode go through net/http and
-// grpc-go as before. docs/probe.md has the details and figures.
+// the reply, http.Client's redirect rules reproduced) and IP literals are
+// connected without net.Dialer; requests, results and messages are the
+// kubelet's (upstream/probe compares them). https hops and h2c go through
+// net/http. grpc probes go through grpc-go exactly as the kubelet's do (a
+// ClientConn per probe, a blocking wait for READY, then Check): a hand-written
+// HTTP/2 client was cheaper but gave other verdicts for misbehaving servers.
+// docs/probe.md has the details and figures.
 //
 // # Manager timing rules
 //

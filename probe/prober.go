@@ -15,13 +15,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -373,56 +366,6 @@ func probeDeadline(ctx context.Context, timeout time.Duration) time.Time {
 		return cd
 	}
 	return d
-}
-
-func (p *Prober) probeGRPC(ctx context.Context, host, service string, port int, timeout time.Duration, useTLS bool) Result {
-	if !useTLS {
-		return p.probeGRPCDirect(ctx, host, service, port, timeout)
-	}
-	// Only TLS gets here: plaintext gRPC takes the direct path above.
-	creds := credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // as the kubelet's
-	addr := net.JoinHostPort(host, strconv.Itoa(port))
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	conn, err := grpc.NewClient("passthrough:///"+addr,
-		grpc.WithUserAgent(p.opts.UserAgent),
-		grpc.WithTransportCredentials(creds),
-		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
-			return p.dialer.DialContext(ctx, "tcp", a)
-		}),
-	)
-	if err != nil {
-		return Result{Kind: Failure, Message: fmt.Sprintf("error: failed to connect service at %q: %+v", addr, err)}
-	}
-	defer func() { _ = conn.Close() }()
-	// Block until the connection is ready, as the kubelet's blocking dial does.
-	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
-		if s == connectivity.Idle {
-			conn.Connect()
-		}
-		if !conn.WaitForStateChange(ctx, s) {
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return Result{Kind: Failure, Message: fmt.Sprintf("timeout: failed to connect service %q within %v: %+v", addr, timeout, context.DeadlineExceeded)}
-			}
-			return Result{Kind: Failure, Message: fmt.Sprintf("error: failed to connect service at %q: %+v", addr, ctx.Err())}
-		}
-	}
-	resp, err := healthpb.NewHealthClient(conn).Check(metadata.NewOutgoingContext(ctx, metadata.MD{}), &healthpb.HealthCheckRequest{Service: service})
-	if err != nil {
-		if st, ok := status.FromError(err); ok {
-			switch st.Code() {
-			case codes.Unimplemented:
-				return Result{Kind: Failure, Message: "error: this server does not implement the grpc health protocol (grpc.health.v1.Health): " + st.Message()}
-			case codes.DeadlineExceeded:
-				return Result{Kind: Failure, Message: fmt.Sprintf("timeout: health rpc did not complete within %v", timeout)}
-			}
-		}
-		return Result{Kind: Failure, Message: fmt.Sprintf("error: health rpc probe failed: %+v", err)}
-	}
-	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-		return Result{Kind: Failure, Message: fmt.Sprintf("service unhealthy (responded with %q)", resp.GetStatus().String())}
-	}
-	return Result{Kind: Success, Message: "service healthy"}
 }
 
 func (p *Prober) probeExec(ctx context.Context, containerID string, cmd []string, timeout time.Duration) (Result, error) {

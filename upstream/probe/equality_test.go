@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	upgrpc "k8s.io/kubernetes/pkg/probe/grpc"
@@ -194,6 +196,17 @@ func behaviours(t testing.TB) []behaviour {
 		{"grpc connect timeout", grpcCheck(synHangPort, ""), rawHost},
 		{"grpc to IPv6 loopback, refused", grpcCheck(refused, ""), "::1"},
 	}
+	h2Port := scriptServer(t, nil)
+	names := make([]string, 0, len(fixedScripts))
+	for name := range fixedScripts {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	b = append(b, behaviour{"grpc raw h2: request headers over the server's limit",
+		grpcCheck(scriptServer(t, []http2.Setting{{ID: http2.SettingMaxHeaderListSize, Val: 100}}), "fixed:well-behaved"), gHost})
+	for _, name := range names {
+		b = append(b, behaviour{"grpc raw h2: " + name, grpcCheck(h2Port, "fixed:"+name), gHost})
+	}
 	return b
 }
 
@@ -248,6 +261,12 @@ func TestBehaviourEquality(t *testing.T) {
 			t.Parallel()
 			upKind, upMsg, upErr := runUpstream(b.spec, b.host)
 			res, err := nk.ProbeOnce(context.Background(), b.spec, probe.Target{Host: b.host})
+			if racyScripts[strings.TrimPrefix(b.name, "grpc raw h2: ")] && !sameAnswer(upKind, upMsg, upErr, res, err) {
+				if ups, nks, ok := answersMeet(nk, b); ok {
+					t.Logf("answers vary from run to run: upstream %v, nodekit %v", ups, nks)
+					return
+				}
+			}
 			if string(res.Kind) != upKind {
 				t.Errorf("kind: nodekit %s (%q, %v), upstream %s (%q, %v)", res.Kind, res.Message, err, upKind, upMsg, upErr)
 			}
@@ -295,4 +314,36 @@ func trim(s string) string {
 		return s[:120] + "..."
 	}
 	return s
+}
+
+// outcome is a probe's kind and normalized message.
+type outcome struct{ kind, msg string }
+
+func sameAnswer(upKind, upMsg string, upErr error, res probe.Result, err error) bool {
+	return upKind == string(res.Kind) && normalize(upMsg) == normalize(res.Message) && (upErr == nil) == (err == nil)
+}
+
+// answersMeet probes b up to 20 more times with each prober and reports
+// whether some answer (kind and message) came from both. grpc-go races its
+// reader against the call when a server sends more DATA than the window it
+// granted: the violation may be seen before or after the message is read, so
+// the kubelet's own answer changes from run to run, and nodekit's with it.
+func answersMeet(nk *probe.Prober, b behaviour) (ups, nks map[outcome]bool, ok bool) {
+	ups, nks = map[outcome]bool{}, map[outcome]bool{}
+	for range 20 {
+		k, m, e := runUpstream(b.spec, b.host)
+		if e == nil {
+			ups[outcome{k, normalize(m)}] = true
+		}
+		r, e2 := nk.ProbeOnce(context.Background(), b.spec, probe.Target{Host: b.host})
+		if e2 == nil {
+			nks[outcome{string(r.Kind), normalize(r.Message)}] = true
+		}
+		for o := range nks {
+			if ups[o] {
+				return ups, nks, true
+			}
+		}
+	}
+	return ups, nks, false
 }
