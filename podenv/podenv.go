@@ -3,9 +3,15 @@ package podenv
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sort"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/nodekit-dev/nodekit/internal/downward"
 )
 
 // Source reads the API objects a container's environment refers to. Each method
@@ -27,8 +33,8 @@ type Config struct {
 	Source Source
 	// NodeAllocatable is the node's allocatable resources, the default for a
 	// limits.cpu, limits.memory or limits.ephemeral-storage resourceFieldRef when
-	// the container sets no limit. Empty means no default (the value is then 0,
-	// or the request's ceiling for CPU as upstream computes it from 0).
+	// the container (and the pod, for cpu and memory) sets no limit. Empty means
+	// no default: an unset limit then reads "0".
 	NodeAllocatable corev1.ResourceList
 	// MasterServiceNamespace is the namespace of the `kubernetes` service whose
 	// variables every container gets. Default "default" (the kubelet's
@@ -62,10 +68,10 @@ type Builder struct {
 // New validates cfg and returns a Builder.
 func New(cfg Config) (*Builder, error) {
 	if cfg.Source == nil {
-		return nil, errors.Join(ErrInvalidConfig, errors.New("Source is required"))
+		return nil, fmt.Errorf("%w: Source is required", ErrInvalidConfig)
 	}
 	if cfg.MasterServiceNamespace == "" {
-		cfg.MasterServiceNamespace = "default"
+		cfg.MasterServiceNamespace = metav1.NamespaceDefault
 	}
 	return &Builder{cfg: cfg}, nil
 }
@@ -73,7 +79,141 @@ func New(cfg Config) (*Builder, error) {
 // Env returns the environment of container in pod as the kubelet computes it.
 // podIPs and hostIPs are the pod's and node's addresses, primary family first
 // (they fill status.podIP(s) and status.hostIP(s)). The container may be one of
-// pod.Spec.InitContainers, Containers or EphemeralContainers (as a Container).
+// pod.Spec.InitContainers, Containers or an ephemeral container's common part.
+//
+// The first reference that cannot be resolved ends the computation with an error
+// whose message is the kubelet's (the agent reports it as the container's
+// CreateContainerConfigError).
 func (b *Builder) Env(ctx context.Context, pod *corev1.Pod, container *corev1.Container, podIPs, hostIPs []string) ([]*runtimeapi.KeyValue, error) {
-	return nil, errors.New("podenv: not implemented yet")
+	if pod == nil || container == nil {
+		return nil, fmt.Errorf("%w: pod and container are required", ErrInvalidFieldRef)
+	}
+	if pod.Spec.EnableServiceLinks == nil {
+		// The API server defaults the field; a pod without it did not come from
+		// there, and the kubelet refuses it with this message.
+		return nil, errors.New("nil pod.spec.enableServiceLinks encountered, cannot construct envvars")
+	}
+	logger := logr.FromContextOrDiscard(ctx)
+
+	serviceEnv, err := b.serviceEnv(ctx, pod.Namespace, *pod.Spec.EnableServiceLinks)
+	if err != nil {
+		return nil, err
+	}
+
+	r := resolver{b: b, ctx: ctx, pod: pod, configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{}}
+	env := newOrderedEnv()
+
+	for _, from := range container.EnvFrom {
+		switch {
+		case from.ConfigMapRef != nil:
+			cm, err := r.configMap(from.ConfigMapRef.Name, from.ConfigMapRef.Optional)
+			if err != nil {
+				return nil, err
+			}
+			if cm == nil {
+				continue
+			}
+			for _, k := range sortedKeys(cm.Data) {
+				env.set(from.Prefix+k, cm.Data[k])
+			}
+		case from.SecretRef != nil:
+			sec, err := r.secret(from.SecretRef.Name, from.SecretRef.Optional)
+			if err != nil {
+				return nil, err
+			}
+			if sec == nil {
+				continue
+			}
+			for _, k := range sortedKeys(sec.Data) {
+				env.set(from.Prefix+k, string(sec.Data[k]))
+			}
+		}
+	}
+
+	lookup := downward.Lookup(env.values, serviceEnv)
+	for i := range container.Env {
+		ev := &container.Env[i]
+		value := ev.Value
+		switch {
+		case value != "":
+			value = downward.Expand(value, lookup)
+		case ev.ValueFrom != nil:
+			var skip bool
+			value, skip, err = r.valueFrom(ev.ValueFrom, container, podIPs, hostIPs)
+			if err != nil {
+				return nil, err
+			}
+			if skip {
+				logger.V(4).Info("Optional environment variable source missing, leaving the variable out", "pod", pod.Namespace+"/"+pod.Name, "container", container.Name, "name", ev.Name)
+				continue
+			}
+		}
+		env.define(ev.Name, value)
+	}
+
+	out := make([]*runtimeapi.KeyValue, 0, len(env.order)+len(serviceEnv))
+	for _, name := range env.order {
+		out = append(out, &runtimeapi.KeyValue{Key: name, Value: []byte(env.values[name])})
+	}
+	for _, name := range sortedKeys(serviceEnv) {
+		if _, mine := env.values[name]; mine {
+			continue
+		}
+		out = append(out, &runtimeapi.KeyValue{Key: name, Value: []byte(serviceEnv[name])})
+	}
+	return out, nil
+}
+
+// orderedEnv is the kubelet's tmpEnv map plus the order Env reports: envFrom
+// names first (in definition order) unless an env entry redefines them, then env
+// entries in declaration order.
+type orderedEnv struct {
+	values   map[string]string
+	fromEnv  map[string]bool
+	fromList []string
+	envList  []string
+	order    []string
+}
+
+func newOrderedEnv() *orderedEnv {
+	return &orderedEnv{values: map[string]string{}, fromEnv: map[string]bool{}}
+}
+
+// set records an envFrom variable.
+func (e *orderedEnv) set(name, value string) {
+	if _, ok := e.values[name]; !ok {
+		e.fromList = append(e.fromList, name)
+	}
+	e.values[name] = value
+	e.rebuild()
+}
+
+// define records an env entry; a later entry of the same name replaces the value
+// but keeps the first entry's place.
+func (e *orderedEnv) define(name, value string) {
+	if !e.fromEnv[name] {
+		e.fromEnv[name] = true
+		e.envList = append(e.envList, name)
+	}
+	e.values[name] = value
+	e.rebuild()
+}
+
+func (e *orderedEnv) rebuild() {
+	e.order = e.order[:0]
+	for _, n := range e.fromList {
+		if !e.fromEnv[n] {
+			e.order = append(e.order, n)
+		}
+	}
+	e.order = append(e.order, e.envList...)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
