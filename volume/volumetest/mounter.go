@@ -59,7 +59,9 @@ func (r *RecordingMounter) MountPoints(dir string) ([]string, error) {
 			out = append(out, mp)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) || (len(out[i]) == len(out[j]) && out[i] < out[j]) })
+	sort.Slice(out, func(i, j int) bool {
+		return len(out[i]) > len(out[j]) || (len(out[i]) == len(out[j]) && out[i] < out[j])
+	})
 	return out, nil
 }
 
@@ -69,4 +71,3 @@ func (r *RecordingMounter) Calls() []string {
 	defer r.mu.Unlock()
 	return append([]string(nil), r.calls...)
 }
-
