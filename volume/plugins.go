@@ -137,7 +137,7 @@ func checkHostPath(hp *corev1.HostPathVolumeSource) error {
 	st, statErr := os.Stat(path)
 	exists := statErr == nil
 	typeErr := func(what string) error {
-		return fmt.Errorf("%w: hostPath type check failed: %s is not %s", ErrHostPathType, path, what)
+		return &hostPathError{fmt.Sprintf("hostPath type check failed: %s is not %s", path, what)}
 	}
 	switch *hp.Type {
 	case corev1.HostPathUnset:
@@ -180,10 +180,16 @@ func checkHostPath(hp *corev1.HostPathVolumeSource) error {
 			return typeErr("a block device")
 		}
 	default:
-		return fmt.Errorf("%w: %s is an invalid volume type", ErrHostPathType, *hp.Type)
+		return &hostPathError{fmt.Sprintf("%s is an invalid volume type", *hp.Type)}
 	}
 	return nil
 }
+
+// hostPathError keeps the kubelet's message and wraps ErrHostPathType.
+type hostPathError struct{ msg string }
+
+func (e *hostPathError) Error() string { return e.msg }
+func (e *hostPathError) Unwrap() error { return ErrHostPathType }
 
 // notFound is the error the kubelet's watch-based managers give for a missing
 // object: resource in the singular, `configmap "x" not found`.

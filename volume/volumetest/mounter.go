@@ -14,6 +14,8 @@ type RecordingMounter struct {
 	calls  []string
 	// Err, when non-nil, is returned by MountTmpfs and BindMount.
 	Err error
+	// UnmountErr, when non-nil, is returned by Unmount (the mount stays).
+	UnmountErr error
 }
 
 // MountTmpfs records a tmpfs mount.
@@ -45,6 +47,9 @@ func (r *RecordingMounter) Unmount(target string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls = append(r.calls, "umount "+target)
+	if r.UnmountErr != nil {
+		return r.UnmountErr
+	}
 	delete(r.mounts, target)
 	return nil
 }
