@@ -45,7 +45,8 @@ type Mounter interface {
 
 // Config configures a Manager.
 type Config struct {
-	// RootDir is the kubelet's root folder. Default /var/lib/kubelet.
+	// RootDir is the kubelet's root folder. Default /var/lib/kubelet. Symlinks
+	// in it are resolved when it exists.
 	RootDir string
 	// Sources reads ConfigMaps, Secrets and service account tokens. Required for
 	// pods with configMap, secret or projected volumes; nil makes those fail.
@@ -144,6 +145,12 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("%w: RootDir %q is not absolute", ErrInvalidConfig, cfg.RootDir)
 	}
 	cfg.RootDir = filepath.Clean(cfg.RootDir)
+	// Mount points are compared by their real paths (mountinfo never shows
+	// symlinks), so a RootDir under a symlink must be resolved: otherwise
+	// Teardown would miss a mount and remove through it.
+	if real, err := filepath.EvalSymlinks(cfg.RootDir); err == nil {
+		cfg.RootDir = real
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
