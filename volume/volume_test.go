@@ -662,3 +662,34 @@ func TestMountsSubPathBindMount(t *testing.T) {
 	assert.Equal(t, 0, countMounts(t, filepath.Join(root, "pods", uid)))
 	assert.DirExists(t, outside, "teardown did not follow the symlink")
 }
+
+// TestMountsSubPathConfigMapKey pins one configMap key with a real bind mount.
+// As under a kubelet, the pinned file does not follow later updates (subPath
+// mounts of configMaps are known not to), while the volume itself does.
+func TestMountsSubPathConfigMapKey(t *testing.T) {
+	requireRoot(t)
+	root := t.TempDir()
+	sources := volumetest.New(nil, configMap("settings", map[string]string{"level": "debug"}))
+	m, err := volume.New(volume.Config{RootDir: root, Sources: sources})
+	require.NoError(t, err)
+	ctx := context.Background()
+	pod := newPod(cmVol("cfg", "settings"))
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "cfg", MountPath: "/etc/level", SubPath: "level"}}
+	t.Cleanup(func() { _ = m.Teardown(ctx, uid) })
+	require.NoError(t, m.Setup(ctx, pod))
+	got, err := m.Mounts(pod, &pod.Spec.Containers[0])
+	require.NoError(t, err)
+	target := filepath.Join(root, "pods", uid, "volume-subpaths", "cfg", "app", "0")
+	require.Equal(t, target, got[0].HostPath)
+	assert.True(t, got[0].Readonly)
+	assert.Equal(t, "debug", read(t, target))
+
+	sources.Add(configMap("settings", map[string]string{"level": "info"}))
+	require.NoError(t, m.Setup(ctx, pod))
+	cfgDir := filepath.Join(root, "pods", uid, "volumes", "kubernetes.io~configmap", "cfg")
+	assert.Equal(t, "info", read(t, filepath.Join(cfgDir, "level")), "the volume follows the update")
+	assert.Equal(t, "debug", read(t, target), "the pinned subPath keeps the file it was given")
+
+	require.NoError(t, m.Teardown(ctx, uid))
+	assert.Equal(t, 0, countMounts(t, filepath.Join(root, "pods", uid)))
+}
