@@ -19,6 +19,8 @@ func statfs(path string, st *unix.Statfs_t) error { return unix.Statfs(path, st)
 
 func typesUID(s string) types.UID { return types.UID(s) }
 
+type typesUIDAlias = types.UID
+
 // requireRoot skips (fails under CI=true) when mounts cannot be made.
 func requireRoot(t *testing.T) {
 	t.Helper()

@@ -321,3 +321,23 @@ func (m *Manager) Teardown(ctx context.Context, podUID types.UID) error {
 	logger.V(4).Info("Pod volumes torn down")
 	return nil
 }
+
+// PodsOnDisk lists the pod UIDs that have a folder under <RootDir>/pods, for an
+// agent that restarts and must tear down the volumes of pods that are gone (the
+// kubelet's cleanupOrphanedPodDirs). A missing pods folder is an empty list.
+func (m *Manager) PodsOnDisk() ([]types.UID, error) {
+	entries, err := os.ReadDir(filepath.Join(m.cfg.RootDir, "pods"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []types.UID
+	for _, e := range entries {
+		if e.IsDir() {
+			out = append(out, types.UID(e.Name()))
+		}
+	}
+	return out, nil
+}

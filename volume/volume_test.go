@@ -486,6 +486,9 @@ func TestBadPods(t *testing.T) {
 	assert.ErrorIs(t, err, volume.ErrInvalidConfig)
 	noSrc, err := volume.New(volume.Config{RootDir: t.TempDir(), Mounter: volume.NoMount{}})
 	require.NoError(t, err)
+	none, err := noSrc.PodsOnDisk()
+	assert.NoError(t, err)
+	assert.Empty(t, none)
 	err = noSrc.Setup(ctx, newPod(cmVol("c", "x")))
 	assert.ErrorIs(t, err, volume.ErrInvalidConfig)
 }
@@ -510,6 +513,9 @@ func TestTeardown(t *testing.T) {
 	assert.Contains(t, e.mounter.Calls(), "umount "+e.dir("secret", "creds"))
 	assert.NoDirExists(t, filepath.Join(e.root, "pods", uid, "volumes"))
 	require.NoError(t, e.m.Teardown(ctx, uid), "Teardown again is fine")
+	uids, err := e.m.PodsOnDisk()
+	require.NoError(t, err)
+	assert.Equal(t, []typesUIDAlias{uid}, uids, "the pod folder itself stays for the agent's own files")
 	require.NoError(t, e.m.Teardown(ctx, "never-seen"))
 }
 
