@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -64,6 +65,8 @@ type Config struct {
 	// handles recursive read-only mounts (CRI RuntimeHandlerFeatures); it decides
 	// recursiveReadOnly: IfPossible and whether Enabled is an error. Default false.
 	RuntimeSupportsRecursiveReadOnly bool
+	// Metrics receives one call per volume mounted or unmounted. Default none.
+	Metrics Metrics
 }
 
 // Errors. Setup, Mounts and Teardown wrap these (errors.Is).
@@ -156,6 +159,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.Mounter == nil {
 		cfg.Mounter = SystemMounter{}
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = noMetrics{}
 	}
 	return &Manager{cfg: cfg, tokens: newTokenCache(cfg.Clock), pods: map[types.UID]*sync.Mutex{}}, nil
 }
@@ -253,7 +259,9 @@ func volumeType(src *corev1.VolumeSource) string {
 }
 
 func (m *Manager) setupVolume(ctx context.Context, pod *corev1.Pod, v *corev1.Volume) error {
-	wrap := func(err error) error {
+	began := m.cfg.Clock.Now()
+	wrap := func(plugin string, err error) error {
+		m.cfg.Metrics.VolumeOperation(plugin, "volume_mount", m.cfg.Clock.Since(began), err)
 		if err == nil {
 			return nil
 		}
@@ -261,17 +269,17 @@ func (m *Manager) setupVolume(ctx context.Context, pod *corev1.Pod, v *corev1.Vo
 	}
 	switch {
 	case v.EmptyDir != nil:
-		return wrap(m.setupEmptyDir(pod, v))
+		return wrap("kubernetes.io/empty-dir", m.setupEmptyDir(pod, v))
 	case v.HostPath != nil:
-		return wrap(checkHostPath(v.HostPath))
+		return wrap("kubernetes.io/host-path", checkHostPath(v.HostPath))
 	case v.ConfigMap != nil:
-		return wrap(m.setupConfigMap(ctx, pod, v))
+		return wrap("kubernetes.io/configmap", m.setupConfigMap(ctx, pod, v))
 	case v.Secret != nil:
-		return wrap(m.setupSecret(ctx, pod, v))
+		return wrap("kubernetes.io/secret", m.setupSecret(ctx, pod, v))
 	case v.DownwardAPI != nil:
-		return wrap(m.setupDownwardAPI(ctx, pod, v))
+		return wrap("kubernetes.io/downward-api", m.setupDownwardAPI(ctx, pod, v))
 	case v.Projected != nil:
-		return wrap(m.setupProjected(ctx, pod, v))
+		return wrap("kubernetes.io/projected", m.setupProjected(ctx, pod, v))
 	}
 	t := volumeType(&v.VolumeSource)
 	if t == "" {
@@ -302,7 +310,10 @@ func (m *Manager) Teardown(ctx context.Context, podUID types.UID) error {
 			return fmt.Errorf("listing mounts under %s: %w", d, err)
 		}
 		for _, mp := range mps {
-			if err := m.cfg.Mounter.Unmount(mp); err != nil {
+			began := m.cfg.Clock.Now()
+			err := m.cfg.Mounter.Unmount(mp)
+			m.reportUnmount(d, mp, m.cfg.Clock.Since(began), err)
+			if err != nil {
 				return fmt.Errorf("tearing down pod %s: %w", podUID, err)
 			}
 			logger.V(4).Info("Unmounted", "path", mp)
@@ -340,4 +351,16 @@ func (m *Manager) PodsOnDisk() ([]types.UID, error) {
 		}
 	}
 	return out, nil
+}
+
+// reportUnmount reports an unmount under dir to Metrics with the plugin of the
+// volume folder it belongs to (subPath binds count for their volume's plugin
+// when it can be told, else "kubernetes.io/subpath").
+func (m *Manager) reportUnmount(dir, mountPoint string, d time.Duration, err error) {
+	plugin := "kubernetes.io/subpath"
+	if rel, relErr := filepath.Rel(dir, mountPoint); relErr == nil && filepath.Base(dir) == "volumes" {
+		folder, _, _ := strings.Cut(rel, "/")
+		plugin = pluginName(folder)
+	}
+	m.cfg.Metrics.VolumeOperation(plugin, "volume_unmount", d, err)
 }

@@ -699,3 +699,35 @@ func TestMountsSubPathConfigMapKey(t *testing.T) {
 	require.NoError(t, m.Teardown(ctx, uid))
 	assert.Equal(t, 0, countMounts(t, filepath.Join(root, "pods", uid)))
 }
+
+type metricsRecorder struct{ ops []string }
+
+func (r *metricsRecorder) VolumeOperation(plugin, op string, d time.Duration, err error) {
+	status := "success"
+	if err != nil {
+		status = "fail-unknown"
+	}
+	r.ops = append(r.ops, plugin+" "+op+" "+status)
+}
+
+func TestMetrics(t *testing.T) {
+	e := newEnv(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "creds"}, Data: map[string][]byte{"k": []byte("v")}})
+	rec := &metricsRecorder{}
+	m, err := volume.New(volume.Config{RootDir: e.root, Sources: e.sources, Mounter: e.mounter, Metrics: rec})
+	require.NoError(t, err)
+	ctx := context.Background()
+	pod := newPod(
+		corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		corev1.Volume{Name: "creds", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "creds"}}},
+		cmVol("cfg", "absent"),
+		corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{NFS: &corev1.NFSVolumeSource{}}},
+	)
+	require.Error(t, m.Setup(ctx, pod))
+	require.NoError(t, m.Teardown(ctx, uid))
+	assert.Equal(t, []string{
+		"kubernetes.io/empty-dir volume_mount success",
+		"kubernetes.io/secret volume_mount success",
+		"kubernetes.io/configmap volume_mount fail-unknown",
+		"kubernetes.io/secret volume_unmount success",
+	}, rec.ops)
+}
