@@ -136,7 +136,14 @@ type Manager struct {
 	tokens *tokenCache
 
 	mu   sync.Mutex
-	pods map[types.UID]*sync.Mutex
+	pods map[types.UID]*podLock
+}
+
+// podLock serializes the calls for one pod; refs counts holders and waiters so
+// the entry goes away with the last of them.
+type podLock struct {
+	mu   sync.Mutex
+	refs int
 }
 
 // New validates cfg and returns a Manager.
@@ -163,7 +170,7 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = noMetrics{}
 	}
-	return &Manager{cfg: cfg, tokens: newTokenCache(cfg.Clock), pods: map[types.UID]*sync.Mutex{}}, nil
+	return &Manager{cfg: cfg, tokens: newTokenCache(cfg.Clock), pods: map[types.UID]*podLock{}}, nil
 }
 
 // PodDir returns <RootDir>/pods/<uid>.
@@ -180,12 +187,21 @@ func (m *Manager) lockPod(uid types.UID) func() {
 	m.mu.Lock()
 	l, ok := m.pods[uid]
 	if !ok {
-		l = &sync.Mutex{}
+		l = &podLock{}
 		m.pods[uid] = l
 	}
+	l.refs++
 	m.mu.Unlock()
-	l.Lock()
-	return l.Unlock
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		m.mu.Lock()
+		l.refs--
+		if l.refs == 0 {
+			delete(m.pods, uid)
+		}
+		m.mu.Unlock()
+	}
 }
 
 func checkUID(uid types.UID) error {
@@ -326,9 +342,6 @@ func (m *Manager) Teardown(ctx context.Context, podUID types.UID) error {
 		}
 	}
 	m.tokens.forget(podUID)
-	m.mu.Lock()
-	delete(m.pods, podUID)
-	m.mu.Unlock()
 	logger.V(4).Info("Pod volumes torn down")
 	return nil
 }

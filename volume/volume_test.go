@@ -517,6 +517,7 @@ func TestTeardown(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []typesUIDAlias{uid}, uids, "the pod folder itself stays for the agent's own files")
 	require.NoError(t, e.m.Teardown(ctx, "never-seen"))
+	assert.Zero(t, e.m.PodLocks(), "no per-pod state is left behind")
 }
 
 func TestMounts(t *testing.T) {
@@ -730,4 +731,30 @@ func TestMetrics(t *testing.T) {
 		"kubernetes.io/configmap volume_mount fail-unknown",
 		"kubernetes.io/secret volume_unmount success",
 	}, rec.ops)
+}
+
+func TestConcurrentCallsForOnePod(t *testing.T) {
+	e := newEnv(t, configMap("settings", map[string]string{"level": "debug"}))
+	ctx := context.Background()
+	pod := newPod(cmVol("cfg", "settings"), corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "cfg", MountPath: "/etc/app"}}
+	require.NoError(t, e.m.Setup(ctx, pod))
+	done := make(chan error, 40)
+	for i := 0; i < 20; i++ {
+		go func(i int) {
+			e.sources.Add(configMap("settings", map[string]string{"level": strings.Repeat("x", i)}))
+			done <- e.m.Setup(ctx, pod)
+		}(i)
+		go func() {
+			_, err := e.m.Mounts(pod, &pod.Spec.Containers[0])
+			done <- err
+		}()
+	}
+	for i := 0; i < 40; i++ {
+		assert.NoError(t, <-done)
+	}
+	assert.Zero(t, e.m.PodLocks())
+	entries, err := os.ReadDir(e.dir("configmap", "cfg"))
+	require.NoError(t, err)
+	assert.Len(t, entries, 3, "one data folder, ..data and the key's link after concurrent refreshes")
 }
