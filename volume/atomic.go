@@ -31,7 +31,7 @@ type file struct {
 //
 //	dir/..2026_12_03_05_30_00.123456789/<payload>   the files themselves
 //	dir/..data -> ..2026_12_03_05_30_00.123456789    swapped by rename(2)
-//	dir/<top> -> ..data/<top>                        one per top-level name
+//	dir/<top> -> ..data/<top>                        one per top-level name, made after the swap
 //
 // perms, when not nil, adjusts ownership and modes of the new data folder before
 // it becomes visible. It returns whether anything changed. Nothing is written when the files and
@@ -58,7 +58,10 @@ func writeAtomic(dir string, payload map[string]file, now time.Time, perms func(
 			return false, err
 		}
 		if same && len(remove) == 0 {
-			return false, nil
+			// Up to date; still make sure every visible link exists, as upstream
+			// does since kubernetes#121472 (a link lost by a crash would otherwise
+			// stay lost).
+			return false, createVisibleLinks(dir, clean)
 		}
 	}
 
@@ -81,10 +84,6 @@ func writeAtomic(dir string, payload map[string]file, now time.Time, perms func(
 			return false, fmt.Errorf("setting ownership: %w", err)
 		}
 	}
-	if err := createVisibleLinks(dir, clean); err != nil {
-		_ = os.RemoveAll(tsDir)
-		return false, err
-	}
 	tmpLink := filepath.Join(dir, newDataDirName)
 	_ = os.Remove(tmpLink) // left over by a crash between symlink and rename
 	if err := os.Symlink(filepath.Base(tsDir), tmpLink); err != nil {
@@ -95,6 +94,11 @@ func writeAtomic(dir string, payload map[string]file, now time.Time, perms func(
 		_ = os.Remove(tmpLink)
 		_ = os.RemoveAll(tsDir)
 		return false, fmt.Errorf("swapping %s: %w", dataLink, err)
+	}
+	// The links are made after the swap, so none ever points at a name the
+	// current ..data lacks.
+	if err := createVisibleLinks(dir, clean); err != nil {
+		return true, err
 	}
 	var errs []error
 	for _, p := range remove {

@@ -241,3 +241,17 @@ func TestWriteAtomicPermsHookFailure(t *testing.T) {
 	data, _ := os.ReadFile(filepath.Join(dir, "a"))
 	assert.Equal(t, "1", string(data))
 }
+
+func TestWriteAtomicRestoresLostLinks(t *testing.T) {
+	dir := t.TempDir()
+	payload := map[string]file{"a": {data: []byte("1"), mode: 0o644}, "b/c": {data: []byte("2"), mode: 0o644}}
+	_, err := writeAtomic(dir, payload, t0, nil)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(filepath.Join(dir, "b")))
+	changed, err := writeAtomic(dir, payload, t0.Add(time.Second), nil)
+	require.NoError(t, err)
+	assert.False(t, changed, "the data is up to date")
+	link, err := os.Readlink(filepath.Join(dir, "b"))
+	require.NoError(t, err)
+	assert.Equal(t, "..data/b", link, "the lost link is made again")
+}
