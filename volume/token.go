@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"time"
 
@@ -35,27 +34,33 @@ type tokenCache struct {
 	mu     sync.Mutex
 	clock  clock.Clock
 	jitter func() time.Duration
-	tokens map[string]*authenticationv1.TokenRequest
+	tokens map[string]cachedToken
+}
+
+type cachedToken struct {
+	tr  *authenticationv1.TokenRequest
+	pod types.UID
 }
 
 func newTokenCache(c clock.Clock) *tokenCache {
 	return &tokenCache{
 		clock:  c,
 		jitter: func() time.Duration { return time.Duration(rand.Float64()*maxJitter.Seconds()) * time.Second },
-		tokens: map[string]*authenticationv1.TokenRequest{},
+		tokens: map[string]cachedToken{},
 	}
 }
 
+// tokenKey is the kubelet's keyFunc: safe to log, no token in it.
 func tokenKey(namespace, name string, req *authenticationv1.TokenRequest) string {
 	var exp int64
 	if req.Spec.ExpirationSeconds != nil {
 		exp = *req.Spec.ExpirationSeconds
 	}
-	var uid types.UID
+	var ref authenticationv1.BoundObjectReference
 	if req.Spec.BoundObjectRef != nil {
-		uid = req.Spec.BoundObjectRef.UID
+		ref = *req.Spec.BoundObjectRef
 	}
-	return fmt.Sprintf("%q/%q/%#v/%d/%s", namespace, name, req.Spec.Audiences, exp, uid)
+	return fmt.Sprintf("%q/%q/%#v/%#v/%#v/%q", name, namespace, req.Spec.Audiences, exp, ref, req.UID)
 }
 
 // get returns a valid token, from the cache while it needs no refresh. When a
@@ -64,19 +69,24 @@ func tokenKey(namespace, name string, req *authenticationv1.TokenRequest) string
 func (c *tokenCache) get(ctx context.Context, src Sources, namespace, name string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error) {
 	key := tokenKey(namespace, name, req)
 	c.mu.Lock()
-	cached := c.tokens[key]
+	entry, ok := c.tokens[key]
 	c.mu.Unlock()
-	if cached != nil && !c.needsRefresh(cached) {
+	cached := entry.tr
+	if ok && !c.needsRefresh(cached) {
 		return cached, nil
 	}
 	fresh, err := src.ServiceAccountToken(ctx, namespace, name, req.DeepCopy())
 	if err != nil {
-		if cached != nil && c.clock.Now().Before(cached.Status.ExpirationTimestamp.Time) {
-			logr.FromContextOrDiscard(ctx).Info("Refreshing a service account token failed, using the cached one until it expires",
-				"serviceAccount", namespace+"/"+name, "expires", cached.Status.ExpirationTimestamp.Time, "err", err)
-			return cached, nil
+		// The kubelet's messages for the three cases.
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("failed to fetch token: %w", err)
+		case c.clock.Now().After(cached.Status.ExpirationTimestamp.Time):
+			return nil, fmt.Errorf("token %s expired and refresh failed: %w", key, err)
 		}
-		return nil, err
+		logr.FromContextOrDiscard(ctx).Info("Couldn't update token, using the cached one until it expires",
+			"cacheKey", key, "expires", cached.Status.ExpirationTimestamp.Time, "err", err)
+		return cached, nil
 	}
 	if fresh == nil || fresh.Status.Token == "" {
 		return nil, fmt.Errorf("the API server returned no token for service account %s/%s", namespace, name)
@@ -84,8 +94,12 @@ func (c *tokenCache) get(ctx context.Context, src Sources, namespace, name strin
 	if fresh.Spec.ExpirationSeconds == nil {
 		fresh.Spec.ExpirationSeconds = req.Spec.ExpirationSeconds
 	}
+	var pod types.UID
+	if req.Spec.BoundObjectRef != nil {
+		pod = req.Spec.BoundObjectRef.UID
+	}
 	c.mu.Lock()
-	c.tokens[key] = fresh
+	c.tokens[key] = cachedToken{tr: fresh, pod: pod}
 	c.mu.Unlock()
 	return fresh, nil
 }
@@ -113,8 +127,8 @@ func (c *tokenCache) needsRefresh(tr *authenticationv1.TokenRequest) bool {
 func (c *tokenCache) forget(uid types.UID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for k := range c.tokens {
-		if strings.HasSuffix(k, "/"+string(uid)) {
+	for k, e := range c.tokens {
+		if e.pod == uid {
 			delete(c.tokens, k)
 		}
 	}

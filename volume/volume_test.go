@@ -392,7 +392,7 @@ func TestProjectedTokenRotation(t *testing.T) {
 	e.clock.SetTime(start.Add(2881*time.Second + 3601*time.Second))
 	err := e.m.Setup(ctx, pod)
 	require.Error(t, err)
-	assert.Equal(t, `MountVolume.SetUp failed for volume "kube-api-access" : apiserver unreachable`, err.Error())
+	assert.Equal(t, `MountVolume.SetUp failed for volume "kube-api-access" : token "cart"/"shop"/[]string{"vault"}/3600/v1.BoundObjectReference{Kind:"Pod", APIVersion:"v1", Name:"cart-0", UID:"`+uid+`"}/"" expired and refresh failed: apiserver unreachable`, err.Error())
 }
 
 func TestProjectedTokenMaxAge(t *testing.T) {
@@ -415,7 +415,7 @@ func TestProjectedErrorsAndFsGroup(t *testing.T) {
 	pod := newPod(tokenVolume(3600))
 	err := e.m.Setup(ctx, pod)
 	require.Error(t, err)
-	assert.Equal(t, `MountVolume.SetUp failed for volume "kube-api-access" : serviceaccounts "cart" not found`, err.Error())
+	assert.Equal(t, `MountVolume.SetUp failed for volume "kube-api-access" : failed to fetch token: serviceaccounts "cart" not found`, err.Error())
 	assert.NoDirExists(t, e.dir("projected", "kube-api-access"), "nothing is projected while a source fails")
 
 	e.sources.Add(&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "cart"}})
