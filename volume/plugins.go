@@ -125,64 +125,86 @@ func podMemoryLimit(pod *corev1.Pod) int64 {
 	return max(sum, initMax)
 }
 
-// checkHostPath is the kubelet's hostPath type check.
+// checkHostPath is the kubelet's hostPath SetUp (pkg/volume/hostpath, v1.37.2):
+// no "..", then the type check with its messages.
 func checkHostPath(hp *corev1.HostPathVolumeSource) error {
 	path := hp.Path
-	if path == "" {
-		return errors.New("hostPath path must not be empty")
+	if hasBackstep(path) {
+		return fmt.Errorf("invalid HostPath `%s`: must not contain '..'", path)
 	}
-	if hp.Type == nil {
+	if hp.Type == nil || *hp.Type == corev1.HostPathUnset {
 		return nil
 	}
-	st, statErr := os.Stat(path)
+	_, statErr := os.Stat(path)
 	exists := statErr == nil
-	typeErr := func(what string) error {
-		return &hostPathError{fmt.Sprintf("hostPath type check failed: %s is not %s", path, what)}
+	match := func(expected string, want corev1.HostPathType) error {
+		got, err := fileType(path)
+		if err != nil {
+			return &hostPathError{fmt.Sprintf("hostPath type check failed, %s is not a %s, unable to determine its type: %v", path, expected, err)}
+		}
+		if got != want {
+			return &hostPathError{fmt.Sprintf("hostPath type check failed: %s is not a %s, it's a %s", path, expected, got)}
+		}
+		return nil
 	}
 	switch *hp.Type {
-	case corev1.HostPathUnset:
-		return nil
 	case corev1.HostPathDirectoryOrCreate:
 		if !exists {
-			if err := os.MkdirAll(path, 0o755); err != nil {
+			if err := os.MkdirAll(path, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 				return err
 			}
 			return nil
 		}
 		fallthrough
 	case corev1.HostPathDirectory:
-		if !exists || !st.IsDir() {
-			return typeErr("a directory")
-		}
+		return match("directory", corev1.HostPathDirectory)
 	case corev1.HostPathFileOrCreate:
 		if !exists {
 			f, err := os.OpenFile(path, os.O_CREATE, 0o644)
-			if err != nil {
+			if f != nil {
+				f.Close()
+			}
+			if err != nil && !errors.Is(err, fs.ErrExist) {
 				return err
 			}
-			return f.Close()
+			return nil
 		}
 		fallthrough
 	case corev1.HostPathFile:
-		if !exists || !st.Mode().IsRegular() {
-			return typeErr("a file")
-		}
+		return match("file", corev1.HostPathFile)
 	case corev1.HostPathSocket:
-		if !exists || st.Mode()&fs.ModeSocket == 0 {
-			return typeErr("a socket file")
-		}
+		return match("socket file", corev1.HostPathSocket)
 	case corev1.HostPathCharDev:
-		if !exists || st.Mode()&fs.ModeDevice == 0 || st.Mode()&fs.ModeCharDevice == 0 {
-			return typeErr("a character device")
-		}
+		return match("character device", corev1.HostPathCharDev)
 	case corev1.HostPathBlockDev:
-		if !exists || st.Mode()&fs.ModeDevice == 0 || st.Mode()&fs.ModeCharDevice != 0 {
-			return typeErr("a block device")
-		}
-	default:
-		return &hostPathError{fmt.Sprintf("%s is an invalid volume type", *hp.Type)}
+		return match("block device", corev1.HostPathBlockDev)
 	}
-	return nil
+	return &hostPathError{fmt.Sprintf("%s is an invalid volume type", *hp.Type)}
+}
+
+// fileType is the kubelet's hostutil getFileType: what path is, following symlinks.
+func fileType(path string) (corev1.HostPathType, error) {
+	st, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("path %q does not exist", path)
+	}
+	if err != nil {
+		return "", err
+	}
+	m := st.Mode()
+	switch {
+	case m.IsDir():
+		return corev1.HostPathDirectory, nil
+	case m.IsRegular():
+		return corev1.HostPathFile, nil
+	case m&fs.ModeSocket != 0:
+		return corev1.HostPathSocket, nil
+	case m&fs.ModeDevice != 0 && m&fs.ModeCharDevice != 0:
+		return corev1.HostPathCharDev, nil
+	case m&fs.ModeDevice != 0:
+		return corev1.HostPathBlockDev, nil
+	}
+	return "", errors.New("only recognise file, directory, socket, block device and character device")
 }
 
 // hostPathError keeps the kubelet's message and wraps ErrHostPathType.

@@ -191,26 +191,27 @@ func TestHostPathTypes(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 
+	absent := filepath.Join(base, "absent")
 	for _, tc := range []struct {
 		path string
 		typ  corev1.HostPathType
 		err  string
 	}{
 		{dir, "", ""},
-		{filepath.Join(base, "absent"), corev1.HostPathUnset, ""},
+		{absent, corev1.HostPathUnset, ""},
 		{dir, corev1.HostPathDirectory, ""},
-		{fileP, corev1.HostPathDirectory, "hostPath type check failed: " + fileP + " is not a directory"},
-		{filepath.Join(base, "absent"), corev1.HostPathDirectory, "hostPath type check failed: " + base + "/absent is not a directory"},
+		{fileP, corev1.HostPathDirectory, "hostPath type check failed: " + fileP + " is not a directory, it's a File"},
+		{absent, corev1.HostPathDirectory, "hostPath type check failed, " + absent + " is not a directory, unable to determine its type: path \"" + absent + "\" does not exist"},
 		{filepath.Join(base, "made/deep"), corev1.HostPathDirectoryOrCreate, ""},
-		{fileP, corev1.HostPathDirectoryOrCreate, "hostPath type check failed: " + fileP + " is not a directory"},
+		{fileP, corev1.HostPathDirectoryOrCreate, "hostPath type check failed: " + fileP + " is not a directory, it's a File"},
 		{fileP, corev1.HostPathFile, ""},
-		{dir, corev1.HostPathFile, "hostPath type check failed: " + dir + " is not a file"},
+		{dir, corev1.HostPathFile, "hostPath type check failed: " + dir + " is not a file, it's a Directory"},
 		{filepath.Join(base, "newfile"), corev1.HostPathFileOrCreate, ""},
 		{sock, corev1.HostPathSocket, ""},
-		{fileP, corev1.HostPathSocket, "hostPath type check failed: " + fileP + " is not a socket file"},
+		{fileP, corev1.HostPathSocket, "hostPath type check failed: " + fileP + " is not a socket file, it's a File"},
 		{"/dev/null", corev1.HostPathCharDev, ""},
-		{fileP, corev1.HostPathCharDev, "hostPath type check failed: " + fileP + " is not a character device"},
-		{"/dev/null", corev1.HostPathBlockDev, "hostPath type check failed: /dev/null is not a block device"},
+		{sock, corev1.HostPathCharDev, "hostPath type check failed: " + sock + " is not a character device, it's a Socket"},
+		{"/dev/null", corev1.HostPathBlockDev, "hostPath type check failed: /dev/null is not a block device, it's a CharDevice"},
 		{dir, "Weird", "Weird is an invalid volume type"},
 	} {
 		pod := newPod(corev1.Volume{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: tc.path, Type: ptr.To(tc.typ)}}})
@@ -224,6 +225,9 @@ func TestHostPathTypes(t *testing.T) {
 		assert.ErrorIs(t, err, volume.ErrSetup)
 		assert.ErrorIs(t, err, volume.ErrHostPathType)
 	}
+	err = e.m.Setup(context.Background(), newPod(corev1.Volume{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: base + "/../etc"}}}))
+	require.Error(t, err)
+	assert.Equal(t, "MountVolume.SetUp failed for volume \"host\" : invalid HostPath `"+base+"/../etc`: must not contain '..'", err.Error())
 	assert.DirExists(t, filepath.Join(base, "made/deep"))
 	assert.Equal(t, os.FileMode(0o755), mode(t, filepath.Join(base, "made/deep")).Perm())
 	assert.FileExists(t, filepath.Join(base, "newfile"))
