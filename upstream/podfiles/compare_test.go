@@ -23,6 +23,7 @@ import (
 	podshelper "k8s.io/kubernetes/pkg/apis/core/pods"
 	"k8s.io/kubernetes/pkg/fieldpath"
 	"k8s.io/kubernetes/pkg/kubelet/envvars"
+	envutil "k8s.io/kubernetes/pkg/kubelet/util/env"
 	volumeutil "k8s.io/kubernetes/pkg/volume/util"
 	"k8s.io/kubernetes/third_party/forked/golang/expansion"
 
@@ -301,3 +302,61 @@ func TestFolderBecomesFile(t *testing.T) {
 		t.Fatalf("nodekit: conf = %q, %v", data, err)
 	}
 }
+
+// TestEnvFileMatchesKubelet compares fileKeyRef values with the kubelet's env
+// file parser (pkg/kubelet/util/env.ParseEnv) on 20,000 random files, through
+// podenv.Env: the kubelet's value, or its two failures (a parse error is
+// "couldn't parse env file", an absent or empty key "not found").
+func TestEnvFileMatchesKubelet(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	dir := t.TempDir()
+	pieces := []string{"K", "A", "=", "'", "'", " ", "\t", "#", "\n", "\n", "v", "x y", "K='v'\n", "A='1'\n", "K= 'z'\n", "# c\n"}
+	b, err := podenv.New(podenv.Config{Source: noSource{}, VolumePath: func(*v1.Pod, string) (string, error) { return dir, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}, Spec: v1.PodSpec{EnableServiceLinks: new(bool)}}
+	c := &v1.Container{Env: []v1.EnvVar{{Name: "OUT", ValueFrom: &v1.EnvVarSource{FileKeyRef: &v1.FileKeySelector{VolumeName: "v", Path: "f.env", Key: "K"}}}}}
+	var parseErrs, absent, values int
+	defer func() { t.Logf("kubelet outcomes: %d parse errors, %d absent, %d values", parseErrs, absent, values) }()
+	for i := 0; i < 5000; i++ {
+		var sb strings.Builder
+		for j := rng.IntN(12); j > 0; j-- {
+			sb.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		content := sb.String()
+		path := filepath.Join(dir, "f.env")
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		want, wantErr := envutil.ParseEnv(path, "K")
+		got, gotErr := b.Env(context.Background(), pod, c, nil, nil)
+		switch {
+		case wantErr != nil:
+			parseErrs++
+			if gotErr == nil || gotErr.Error() != "couldn't parse env file" {
+				t.Fatalf("%q: kubelet fails (%v), nodekit (%v, %v)", content, wantErr, got, gotErr)
+			}
+		case want == "":
+			absent++
+			if gotErr == nil || !strings.Contains(gotErr.Error(), "not found in file") {
+				t.Fatalf("%q: kubelet finds nothing, nodekit (%v, %v)", content, got, gotErr)
+			}
+		default:
+			values++
+			if gotErr != nil || len(got) != 1 || string(got[0].Value) != want {
+				t.Fatalf("%q: kubelet %q, nodekit (%v, %v)", content, want, got, gotErr)
+			}
+		}
+	}
+}
+
+type noSource struct{}
+
+func (noSource) ConfigMap(context.Context, string, string) (*v1.ConfigMap, error) {
+	return nil, fmt.Errorf("unused")
+}
+func (noSource) Secret(context.Context, string, string) (*v1.Secret, error) {
+	return nil, fmt.Errorf("unused")
+}
+func (noSource) Services(context.Context, string) ([]*v1.Service, error) { return nil, nil }
