@@ -342,12 +342,16 @@ func TestEnvResourceFieldRefOfAnotherContainer(t *testing.T) {
 	pod := testPod("prod", false, corev1.Container{Name: "app", Env: []corev1.EnvVar{
 		{Name: "SIDE_MEM", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "side", Resource: "limits.memory", Divisor: q("1Mi")}}},
 		{Name: "INIT_CPU", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "init", Resource: "requests.cpu", Divisor: q("1m")}}},
+		// The kubelet defaults the limits of app containers only: a named init
+		// container's unset limit reads 0.
+		{Name: "INIT_MEM_LIMIT", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "init", Resource: "limits.memory"}}},
+		{Name: "OWN_MEM_LIMIT", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.memory", Divisor: q("1Mi")}}},
 	}})
 	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "side"})
 	pod.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{"cpu": q("100m")}}}}
 	got, err := b.Env(context.Background(), pod, &pod.Spec.Containers[0], nil, nil)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"SIDE_MEM=1024", "INIT_CPU=100"}, flat(got))
+	assert.Equal(t, []string{"SIDE_MEM=1024", "INIT_CPU=100", "INIT_MEM_LIMIT=0", "OWN_MEM_LIMIT=1024"}, flat(got))
 }
 
 func TestEnvLocalServiceNamedKubernetesWinsWithLinks(t *testing.T) {

@@ -101,15 +101,21 @@ func (r *resolver) valueFrom(src *corev1.EnvVarSource, c *corev1.Container, podI
 		}
 		return v, false, nil
 	case src.ResourceFieldRef != nil:
-		target := c
-		if src.ResourceFieldRef.ContainerName != "" {
-			found, err := downward.FindContainer(r.pod, src.ResourceFieldRef.ContainerName)
+		// The kubelet defaults the limits of the pod's app containers and of the
+		// container itself, then looks the named container up in that pod: a
+		// named init container keeps its own (possibly unset) limits.
+		target := downward.DefaultLimits(r.pod, c, r.b.cfg.NodeAllocatable)
+		if name := src.ResourceFieldRef.ContainerName; name != "" {
+			found, init, err := downward.FindContainer(r.pod, name)
 			if err != nil {
 				return "", false, &fieldError{err}
 			}
 			target = found
+			if !init {
+				target = downward.DefaultLimits(r.pod, found, r.b.cfg.NodeAllocatable)
+			}
 		}
-		v, err := downward.ResourceValue(src.ResourceFieldRef, downward.DefaultLimits(r.pod, target, r.b.cfg.NodeAllocatable))
+		v, err := downward.ResourceValue(src.ResourceFieldRef, target)
 		if err != nil {
 			return "", false, &fieldError{err}
 		}

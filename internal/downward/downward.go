@@ -200,19 +200,20 @@ func DefaultLimits(pod *corev1.Pod, c *corev1.Container, allocatable corev1.Reso
 	return out
 }
 
-// FindContainer finds a container or init container of pod by name.
-func FindContainer(pod *corev1.Pod, name string) (*corev1.Container, error) {
+// FindContainer finds a container, then an init container, of pod by name;
+// init says which it was.
+func FindContainer(pod *corev1.Pod, name string) (c *corev1.Container, init bool, err error) {
 	for i := range pod.Spec.Containers {
 		if pod.Spec.Containers[i].Name == name {
-			return &pod.Spec.Containers[i], nil
+			return &pod.Spec.Containers[i], false, nil
 		}
 	}
 	for i := range pod.Spec.InitContainers {
 		if pod.Spec.InitContainers[i].Name == name {
-			return &pod.Spec.InitContainers[i], nil
+			return &pod.Spec.InitContainers[i], true, nil
 		}
 	}
-	return nil, fmt.Errorf("container %s not found", name)
+	return nil, false, fmt.Errorf("container %s not found", name)
 }
 
 // ResourceValue reads a resourceFieldRef of container c, which must already

@@ -153,11 +153,11 @@ func TestResourceValuesMatchKubelet(t *testing.T) {
 			fs.Divisor = resource.MustParse(d)
 		}
 		want, wantErr := resourcehelper.ExtractResourceValueByContainerNameAndNodeAllocatable(fs, pod, "app", alloc)
-		target, err := downward.FindContainer(pod, "app")
+		target, _, err := downward.FindContainer(pod, "app")
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, gotErr := downward.ResourceValue(fs, downward.DefaultLimits(pod, target, alloc))
+		got, gotErr := downward.ResourceValue(fs, downward.DefaultLimits(nil, target, alloc))
 		if want != got || errText(wantErr) != errText(gotErr) {
 			t.Fatalf("%s / %v with requests %v limits %v allocatable %v: kubelet (%q, %v), nodekit (%q, %v)",
 				fs.Resource, fs.Divisor.String(), c.Resources.Requests, c.Resources.Limits, alloc, want, wantErr, got, gotErr)
