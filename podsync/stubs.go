@@ -13,8 +13,6 @@ import (
 
 // Skeleton bodies: filled in by the following commits.
 
-func computeActions(pod *corev1.Pod, view *PodView, opts ActionOptions) Actions { return Actions{} }
-
 func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus {
 	return corev1.PodStatus{}
 }
