@@ -54,6 +54,12 @@ func (b *Backoff) InBackoff(key string, since time.Time) (bool, time.Duration) {
 	return b.b.IsInBackOffSince(key, since), b.b.Get(key)
 }
 
+// InBackoffSinceUpdate reports whether key's delay, counted from its last
+// recorded failure, runs past eventTime (the image pull back-off's check).
+func (b *Backoff) InBackoffSinceUpdate(key string, eventTime time.Time) bool {
+	return b.b.IsInBackOffSinceUpdate(key, eventTime)
+}
+
 // Next records a failure of key at since: the first failure, or the first after
 // the key was forgotten, sets the delay to Initial, each later one doubles it up
 // to Max.

@@ -2,6 +2,9 @@ package podsync
 
 import (
 	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Sentinel errors. Each one's text is the kubelet's reason for the failure, the
@@ -87,4 +90,15 @@ func Message(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// isNotFound reports whether err is a NotFound from the runtime: a gRPC status
+// NotFound anywhere in its chain.
+func isNotFound(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if st, ok := status.FromError(e); ok && st.Code() == codes.NotFound {
+			return true
+		}
+	}
+	return false
 }

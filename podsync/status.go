@@ -25,8 +25,13 @@ type StatusInput struct {
 	// Now stamps changed conditions' lastTransitionTime and the start time of a
 	// pod that has none; zero means time.Now().
 	Now time.Time
-	// Hash is the container hash function of ActionOptions (nil: ContainerHash).
-	Hash func(*corev1.Container) string
+	// Terminal says the pod will not run again (it was deleted, or the kubelet
+	// decided it is done): stopped containers then give Succeeded or Failed
+	// whatever the restart policy.
+	Terminal bool
+	// RuntimeName prefixes container IDs ("containerd://<id>"); empty means
+	// DefaultRuntimeName.
+	RuntimeName string
 }
 
 // PodStatus computes the status the kubelet would write for pod from the

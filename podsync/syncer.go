@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"sync"
 	"time"
 
@@ -40,6 +39,9 @@ type Config struct {
 	// RuntimeHandler is passed to RunPodSandbox when the pod names no
 	// runtimeClassName handler of its own. Empty: the runtime's default.
 	RuntimeHandler string
+	// RuntimeName prefixes container IDs in pod status ("containerd://..."):
+	// the runtime's VersionResponse.RuntimeName. Empty: "containerd".
+	RuntimeName string
 	// Hash is the container hash the Builder writes (nil: ContainerHash).
 	Hash func(*corev1.Container) string
 	// MinGracePeriod is the least grace a container gets when its preStop hook
@@ -164,16 +166,23 @@ func (s *Syncer) RemovePod(ctx context.Context, uid types.UID) error {
 	return s.removePod(ctx, uid)
 }
 
-// PodStatus computes the pod's status (see the package function PodStatus)
-// with the Syncer's probes and recorded sync failures.
-func (s *Syncer) PodStatus(pod *corev1.Pod, view *PodView, hostIPs []string) corev1.PodStatus {
-	return PodStatus(pod, view, StatusInput{
-		Probes:  s.cfg.Probes,
-		Waiting: s.waitingFor(pod.UID),
-		HostIPs: hostIPs,
-		Now:     s.cfg.Clock.Now(),
-		Hash:    s.cfg.Hash,
-	})
+// PodStatus computes the pod's status (see the package function PodStatus).
+// Fields of in left empty take the Syncer's: Probes, Waiting (the start
+// failures SyncPod recorded), Now (its clock) and RuntimeName.
+func (s *Syncer) PodStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus {
+	if in.Probes == nil {
+		in.Probes = s.cfg.Probes
+	}
+	if in.Waiting == nil {
+		in.Waiting = s.waitingFor(pod.UID)
+	}
+	if in.Now.IsZero() {
+		in.Now = s.cfg.Clock.Now()
+	}
+	if in.RuntimeName == "" {
+		in.RuntimeName = s.cfg.RuntimeName
+	}
+	return PodStatus(pod, view, in)
 }
 
 // ActiveDeadlineExceeded reports whether pod has run longer than its
@@ -207,11 +216,4 @@ func (s *Syncer) waitingFor(uid types.UID) map[string]Waiting {
 		out[k] = v
 	}
 	return out
-}
-
-func defaultHookClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{
-		Proxy:             nil,
-		DisableKeepAlives: true,
-	}}
 }

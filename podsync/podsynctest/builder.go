@@ -14,10 +14,11 @@ import (
 )
 
 var (
-	_ podsync.Runtime       = (*Runtime)(nil)
-	_ podsync.ImagePuller   = (*Runtime)(nil)
-	_ podsync.ConfigBuilder = (*Builder)(nil)
-	_ podsync.EventRecorder = (*Recorder)(nil)
+	_ podsync.Runtime        = (*Runtime)(nil)
+	_ podsync.ImagePuller    = (*Runtime)(nil)
+	_ podsync.ImageInspector = (*Runtime)(nil)
+	_ podsync.ConfigBuilder  = (*Builder)(nil)
+	_ podsync.EventRecorder  = (*Recorder)(nil)
 )
 
 // Builder is a minimal podsync.ConfigBuilder: the kubelet's labels and the

@@ -581,6 +581,21 @@ func (r *Runtime) EnsureImage(ctx context.Context, image string, auth *runtimeap
 	return ref, err == nil, err
 }
 
+// ImageStatus returns the image, or nil with a nil error when it is absent (as
+// CRI answers).
+func (r *Runtime) ImageStatus(ctx context.Context, image string) (*runtimeapi.Image, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.begin(ctx, "ImageStatus", image); err != nil {
+		return nil, err
+	}
+	ref, ok := r.images[image]
+	if !ok {
+		return nil, nil
+	}
+	return &runtimeapi.Image{Id: ref, RepoTags: []string{image}, Size: uint64(len(image)) * 1000}, nil
+}
+
 // PullImage pulls image if pullable (a present image is pulled again).
 func (r *Runtime) PullImage(ctx context.Context, image string, auth *runtimeapi.AuthConfig, sandboxCfg *runtimeapi.PodSandboxConfig) (string, error) {
 	r.mu.Lock()
