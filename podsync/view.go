@@ -107,11 +107,21 @@ func LoadView(ctx context.Context, src ViewSource, uid types.UID, files FileRead
 }
 
 func (v *PodView) sort() {
+	// Newest first by creation time; on a tie (a coarse clock) the higher
+	// attempt is the newer one.
 	sort.SliceStable(v.Sandboxes, func(i, j int) bool {
-		return v.Sandboxes[i].GetCreatedAt() > v.Sandboxes[j].GetCreatedAt()
+		a, b := v.Sandboxes[i], v.Sandboxes[j]
+		if a.GetCreatedAt() != b.GetCreatedAt() {
+			return a.GetCreatedAt() > b.GetCreatedAt()
+		}
+		return a.GetMetadata().GetAttempt() > b.GetMetadata().GetAttempt()
 	})
 	sort.SliceStable(v.Containers, func(i, j int) bool {
-		return v.Containers[i].GetCreatedAt() > v.Containers[j].GetCreatedAt()
+		a, b := v.Containers[i], v.Containers[j]
+		if a.GetCreatedAt() != b.GetCreatedAt() {
+			return a.GetCreatedAt() > b.GetCreatedAt()
+		}
+		return RestartCount(a) > RestartCount(b)
 	})
 }
 
