@@ -269,4 +269,3 @@ func assertFile(t *testing.T, path, want string) {
 		assert.Equal(t, want, string(b))
 	}
 }
-
