@@ -9,19 +9,24 @@ import (
 
 // computer holds one ComputeActions run.
 type computer struct {
-	pod     *corev1.Pod
-	view    *PodView
-	probes  ProbeResults
-	hash    func(*corev1.Container) string
-	actions Actions
-	killed  map[string]bool
+	pod    *corev1.Pod
+	view   *PodView
+	probes ProbeResults
+	hash   func(*corev1.Container) string
+	// runtimeName prefixes container IDs given to probes.
+	runtimeName string
+	actions     Actions
+	killed      map[string]bool
 }
 
 func computeActions(pod *corev1.Pod, view *PodView, opts ActionOptions) Actions {
 	if view == nil {
 		view = &PodView{}
 	}
-	c := &computer{pod: pod, view: view, probes: opts.Probes, hash: opts.Hash, killed: map[string]bool{}}
+	c := &computer{pod: pod, view: view, probes: opts.Probes, hash: opts.Hash, runtimeName: opts.RuntimeName, killed: map[string]bool{}}
+	if c.runtimeName == "" {
+		c.runtimeName = DefaultRuntimeName
+	}
 	if c.probes == nil {
 		c.probes = noProbes{}
 	}
@@ -134,8 +139,9 @@ func (c *computer) kill(st *runtimeapi.ContainerStatus, ctr *corev1.Container, r
 	})
 }
 
+// probe asks for a result by the container's status ID ("containerd://<id>").
 func (c *computer) probe(t ProbeType, id string) (ProbeResult, bool) {
-	return c.probes.ProbeResult(t, id)
+	return c.probes.ProbeResult(t, c.runtimeName+"://"+id)
 }
 
 func (c *computer) changed(ctr *corev1.Container, st *runtimeapi.ContainerStatus) bool {

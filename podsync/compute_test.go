@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -125,7 +126,7 @@ func TestComputeActions(t *testing.T) {
 		name:   "liveness failure: kill and restart",
 		pod:    testPod(),
 		view:   view(ready(), cs{name: "app", id: "a1", state: running}, cs{name: "side", id: "s1", state: running}),
-		probes: probeMap{Liveness: {"a1": ProbeFailure, "s1": ProbeSuccess}},
+		probes: probeMap{Liveness: {"containerd://a1": ProbeFailure, "containerd://s1": ProbeSuccess}},
 		want: Actions{SandboxID: "sb1", ContainersToStart: []int{0}, ContainersToKill: []KillAction{
 			{ContainerID: "a1", Name: "app", Reason: KillLivenessProbe, Message: "Container app failed liveness probe, will be restarted"},
 		}},
@@ -133,7 +134,7 @@ func TestComputeActions(t *testing.T) {
 		name:   "startup failure under Never: kill, no restart, and the pod goes",
 		pod:    testPod(withPolicy(corev1.RestartPolicyNever), func(p *corev1.Pod) { p.Spec.Containers = p.Spec.Containers[:1] }),
 		view:   view(ready(), cs{name: "app", id: "a1", state: running}),
-		probes: probeMap{Startup: {"a1": ProbeFailure}},
+		probes: probeMap{Startup: {"containerd://a1": ProbeFailure}},
 		want: Actions{KillPod: true, SandboxID: "sb1", ContainersToKill: []KillAction{
 			{ContainerID: "a1", Name: "app", Reason: KillStartupProbe, Message: "Container app failed startup probe"},
 		}},
@@ -203,13 +204,13 @@ func TestComputeActions(t *testing.T) {
 		name:   "sidecar startup probe passed: the next init container starts",
 		pod:    testPod(withSidecar("proxy"), withInits("i2"), startupProbe),
 		view:   view(ready(), cs{name: "proxy", id: "p1", state: running}),
-		probes: probeMap{Startup: {"p1": ProbeSuccess}},
+		probes: probeMap{Startup: {"containerd://p1": ProbeSuccess}},
 		want:   Actions{SandboxID: "sb1", InitContainersToStart: []int{1}},
 	}, {
 		name:   "sidecar startup probe failed: kill and restart the sidecar",
 		pod:    testPod(withSidecar("proxy"), withInits("i2"), startupProbe),
 		view:   view(ready(), cs{name: "proxy", id: "p1", state: running}),
-		probes: probeMap{Startup: {"p1": ProbeFailure}},
+		probes: probeMap{Startup: {"containerd://p1": ProbeFailure}},
 		want: Actions{SandboxID: "sb1", InitContainersToStart: []int{0}, ContainersToKill: []KillAction{
 			{ContainerID: "p1", Name: "proxy", Reason: KillStartupProbe, Message: "Init container proxy failed startup probe"},
 		}},
@@ -228,7 +229,7 @@ func TestComputeActions(t *testing.T) {
 		name:   "sidecar liveness failure: kill and restart it",
 		pod:    testPod(withSidecar("proxy"), livenessProbe),
 		view:   view(ready(), cs{name: "proxy", id: "p1", state: running}, cs{name: "app", id: "a1", state: running, created: 1}, cs{name: "side", id: "s1", state: running, created: 1}),
-		probes: probeMap{Liveness: {"p1": ProbeFailure}},
+		probes: probeMap{Liveness: {"containerd://p1": ProbeFailure}},
 		want: Actions{SandboxID: "sb1", InitContainersToStart: []int{0}, ContainersToKill: []KillAction{
 			{ContainerID: "p1", Name: "proxy", Reason: KillLivenessProbe, Message: "Init container proxy failed liveness probe"},
 		}},
@@ -271,4 +272,14 @@ func TestComputeActionsIsPure(t *testing.T) {
 	assert.Equal(t, a1, a2)
 	assert.Equal(t, before, pod)
 	assert.Len(t, v.Containers, nBefore)
+}
+
+func TestComputeActionsProbeIDsCarryTheRuntimeName(t *testing.T) {
+	pod := testPod()
+	v := view(ready(), cs{name: "app", id: "a1", state: running}, cs{name: "side", id: "s1", state: running})
+	probes := probeMap{Liveness: {"cri-o://a1": ProbeFailure}}
+	assert.Empty(t, ComputeActions(pod, v, ActionOptions{Probes: probes}).ContainersToKill, "containerd:// by default")
+	got := ComputeActions(pod, v, ActionOptions{Probes: probes, RuntimeName: "cri-o"})
+	require.Len(t, got.ContainersToKill, 1)
+	assert.Equal(t, "a1", got.ContainersToKill[0].ContainerID)
 }

@@ -121,10 +121,13 @@ const (
 	ProbeFailure
 )
 
-// ProbeResults gives the prober's cached results. containerID is the runtime's
-// ID without the "containerd://" scheme. ok is false when no worker runs that
-// probe for that container; the kubelet then treats a container as live, started
-// once running, and ready once running.
+// ProbeResults gives the prober's cached results. containerID is in
+// ContainerStatus.ContainerID form, "<runtime>://<id>" (e.g. "containerd://abc"),
+// as nodekit's probe.Manager keys its results; ProbeType's values are in the
+// order of probe.Type's. ok is false when there is no result: a container whose
+// spec has no such probe is then live, started once running and ready once
+// started, as in the kubelet; one whose spec has the probe is not yet started
+// (startup) or not yet ready (readiness).
 type ProbeResults interface {
 	ProbeResult(t ProbeType, containerID string) (result ProbeResult, ok bool)
 }

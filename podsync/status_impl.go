@@ -59,8 +59,9 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	old := pod.Status
 	var s corev1.PodStatus
 
-	ready, _, _ := sandboxChanged(pod, view)
-	if !ready && view.Sandbox().GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
+	// Pod IPs come from the newest sandbox while it is ready.
+	newSandbox, _, _ := sandboxChanged(pod, view)
+	if view.Sandbox().GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
 		for _, ip := range view.IPs() {
 			s.PodIPs = append(s.PodIPs, corev1.PodIP{IP: ip})
 		}
@@ -98,7 +99,7 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	}
 	statuses := append(append([]corev1.ContainerStatus{}, s.InitContainerStatuses...), s.ContainerStatuses...)
 	rtsc := corev1.PodCondition{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionFalse}
-	if !ready {
+	if !newSandbox {
 		rtsc.Status = corev1.ConditionTrue
 	}
 	s.Conditions = append(s.Conditions,
@@ -354,18 +355,11 @@ func setProbeFlags(pod *corev1.Pod, s *corev1.PodStatus, probes ProbeResults) {
 	}
 }
 
-func containerID(cs *corev1.ContainerStatus) string {
-	if i := strings.Index(cs.ContainerID, "://"); i >= 0 {
-		return cs.ContainerID[i+3:]
-	}
-	return cs.ContainerID
-}
-
 func isStarted(ctr *corev1.Container, cs *corev1.ContainerStatus, probes ProbeResults) bool {
 	if cs.State.Running == nil {
 		return false
 	}
-	if r, ok := probes.ProbeResult(Startup, containerID(cs)); ok && r != ProbeUnknown {
+	if r, ok := probes.ProbeResult(Startup, cs.ContainerID); ok && r != ProbeUnknown {
 		return r == ProbeSuccess
 	}
 	// A startup probe that has not answered yet: not started.
@@ -376,7 +370,7 @@ func isReady(ctr *corev1.Container, cs *corev1.ContainerStatus, probes ProbeResu
 	if cs.State.Running == nil {
 		return false
 	}
-	if r, ok := probes.ProbeResult(Readiness, containerID(cs)); ok && r == ProbeSuccess {
+	if r, ok := probes.ProbeResult(Readiness, cs.ContainerID); ok && r == ProbeSuccess {
 		return true
 	}
 	// No readiness probe: ready once started.

@@ -106,12 +106,12 @@ func TestPodStatusProbes(t *testing.T) {
 	assert.Equal(t, "False/ContainersNotReady/containers with unready status: [app side]", condSummary(s)[corev1.ContainersReady])
 
 	s = PodStatus(pod, v, StatusInput{Now: t0, Probes: probeMap{
-		Readiness: {"a1": ProbeSuccess},
-		Startup:   {"s1": ProbeSuccess},
+		Readiness: {"containerd://a1": ProbeSuccess},
+		Startup:   {"containerd://s1": ProbeSuccess},
 	}})
 	assert.Equal(t, "True//", condSummary(s)[corev1.PodReady])
 
-	s = PodStatus(pod, v, StatusInput{Now: t0, Probes: probeMap{Readiness: {"a1": ProbeFailure}, Startup: {"s1": ProbeSuccess}}})
+	s = PodStatus(pod, v, StatusInput{Now: t0, Probes: probeMap{Readiness: {"containerd://a1": ProbeFailure}, Startup: {"containerd://s1": ProbeSuccess}}})
 	assert.Equal(t, "False/ContainersNotReady/containers with unready status: [app]", condSummary(s)[corev1.PodReady])
 }
 

@@ -119,7 +119,7 @@ func (s *Syncer) syncPod(ctx context.Context, pod *corev1.Pod, view *PodView) *S
 	}
 	defer s.updateWaiting(pod.UID, res)
 
-	actions := ComputeActions(pod, view, ActionOptions{Probes: s.cfg.Probes, Hash: s.cfg.Hash})
+	actions := ComputeActions(pod, view, ActionOptions{Probes: s.cfg.Probes, Hash: s.cfg.Hash, RuntimeName: s.cfg.RuntimeName})
 	log.V(4).Info("Computed pod actions", "actions", actions)
 	if actions.CreateSandbox && actions.SandboxID != "" {
 		s.event(pod, corev1.EventTypeNormal, EventSandboxChanged, "Pod sandbox changed, it will be killed and re-created.")

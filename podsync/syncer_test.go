@@ -434,7 +434,7 @@ func TestLivenessFailureKillsWithProbeGrace(t *testing.T) {
 	})
 	require.NoError(t, e.sync(pod).Error())
 	id := e.running("app").Id
-	e.probes[podsync.Liveness] = map[string]podsync.ProbeResult{id: podsync.ProbeFailure}
+	e.probes[podsync.Liveness] = map[string]podsync.ProbeResult{"containerd://" + id: podsync.ProbeFailure}
 	e.events.Reset()
 	require.NoError(t, e.sync(pod).Error())
 	assert.Equal(t, "7s", stopGrace(t, e.rt, id))
