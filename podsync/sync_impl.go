@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/distribution/reference"
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -333,27 +333,48 @@ func (s *Syncer) startContainer(ctx context.Context, pod *corev1.Pod, ctr *corev
 	return nil
 }
 
-// pullPolicy defaults the policy as the API server does.
+// pullPolicy defaults the policy as the API server does: Always for an image
+// without a tag or with tag latest, IfNotPresent otherwise.
 func pullPolicy(ctr *corev1.Container) corev1.PullPolicy {
 	if ctr.ImagePullPolicy != "" {
 		return ctr.ImagePullPolicy
 	}
-	name := ctr.Image
-	if i := strings.LastIndex(name, "@"); i >= 0 {
+	named, err := reference.ParseNormalizedNamed(ctr.Image)
+	if err != nil {
 		return corev1.PullIfNotPresent
 	}
-	if i := strings.LastIndex(name, ":"); i >= 0 && !strings.Contains(name[i:], "/") && name[i+1:] != "latest" {
+	if _, digested := named.(reference.Digested); digested {
+		return corev1.PullIfNotPresent
+	}
+	if tagged, ok := named.(reference.Tagged); ok && tagged.Tag() != "latest" {
 		return corev1.PullIfNotPresent
 	}
 	return corev1.PullAlways
+}
+
+// withDefaultTag is the kubelet's applyDefaultImageTag: an image without tag or
+// digest gets ":latest" appended, without normalizing the name (so the CRI
+// sees "busybox:latest", not "docker.io/library/busybox:latest").
+func withDefaultTag(image string) (string, error) {
+	named, err := reference.ParseNormalizedNamed(image)
+	if err != nil {
+		return "", fmt.Errorf("couldn't parse image reference %q: %v", image, err)
+	}
+	_, tagged := named.(reference.Tagged)
+	_, digested := named.(reference.Digested)
+	if !tagged && !digested {
+		image += ":latest"
+	}
+	return image, nil
 }
 
 // ensureImage is the kubelet's EnsureImageExists: pull policy, image back-off
 // (key <pod UID>_<image>), events in the kubelet's words.
 func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.Container, ref *corev1.ObjectReference, sbCfg *runtimeapi.PodSandboxConfig) (string, error) {
 	what := fmt.Sprintf("container %q of pod %s", ctr.Name, formatPod(pod))
-	if ctr.Image == "" || strings.ContainsAny(ctr.Image, " \t\n") {
-		msg := fmt.Sprintf("Failed to apply default image tag %q: couldn't parse image name %q: invalid reference format", ctr.Image, ctr.Image)
+	image, err := withDefaultTag(ctr.Image)
+	if err != nil {
+		msg := fmt.Sprintf("Failed to apply default image tag %q: %v", ctr.Image, err)
 		s.event(ref, corev1.EventTypeWarning, EventInspectFailed, "%s", msg)
 		return "", failure(ErrInvalidImageName, msg, "%s", what)
 	}
@@ -363,7 +384,7 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 
 	var present string
 	if canInspect {
-		img, err := inspector.ImageStatus(ctx, ctr.Image)
+		img, err := inspector.ImageStatus(ctx, image)
 		if err != nil {
 			msg := fmt.Sprintf("Failed to inspect image %q: %v", ctr.Image, err)
 			s.event(ref, corev1.EventTypeWarning, EventInspectFailed, "%s", msg)
@@ -392,7 +413,7 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 
 	auths := []*runtimeapi.AuthConfig{nil}
 	if s.cfg.Credentials != nil {
-		list, err := s.cfg.Credentials.ImageAuth(ctx, pod, ctr.Image)
+		list, err := s.cfg.Credentials.ImageAuth(ctx, pod, image)
 		if err != nil {
 			logr.FromContextOrDiscard(ctx).V(2).Info("Image credentials lookup failed, pulling anonymously", "image", ctr.Image, "err", err)
 		} else if len(list) > 0 {
@@ -410,15 +431,14 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	}
 	var imageRef string
 	var pulled bool
-	var err error
 	for _, auth := range auths {
 		switch {
 		case canPull && (policy == corev1.PullAlways || canInspect):
 			announce()
-			imageRef, err = puller.PullImage(ctx, ctr.Image, auth, sbCfg)
+			imageRef, err = puller.PullImage(ctx, image, auth, sbCfg)
 			pulled = err == nil
 		default:
-			imageRef, pulled, err = s.cfg.Runtime.EnsureImage(ctx, ctr.Image, auth, sbCfg)
+			imageRef, pulled, err = s.cfg.Runtime.EnsureImage(ctx, image, auth, sbCfg)
 			if pulled || err != nil {
 				announce()
 			}
@@ -439,7 +459,7 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	took := s.cfg.Clock.Since(start).Truncate(time.Millisecond)
 	var size uint64
 	if canInspect {
-		if img, err := inspector.ImageStatus(ctx, ctr.Image); err == nil {
+		if img, err := inspector.ImageStatus(ctx, image); err == nil {
 			size = img.GetSize()
 		}
 	}

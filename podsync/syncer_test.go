@@ -277,16 +277,27 @@ func TestSyncPodPullPolicies(t *testing.T) {
 			{Name: "latest", Image: "busybox"},
 		}
 	})
-	e.rt.AddImage("busybox")
+	e.rt.AddImage("busybox:latest")
 	res := e.sync(pod)
 	require.ErrorIs(t, res.Error(), podsync.ErrImageNeverPull)
 	assert.Contains(t, e.events.Strings(), `Warning ErrImageNeverPull Container image "absent:1" is not present with pull policy of Never`)
 	assert.Contains(t, e.rt.CallNames(), "PullImage(busybox:1.36)", "Always pulls even when present")
-	assert.Contains(t, e.rt.CallNames(), "PullImage(busybox)", "no tag means Always")
+	assert.Contains(t, e.rt.CallNames(), "PullImage(busybox:latest)", "no tag means Always, and the CRI sees the default tag")
 	never := statusOf(t, e.status(pod).ContainerStatuses, "never")
 	assert.Equal(t, &corev1.ContainerStateWaiting{Reason: "ErrImageNeverPull", Message: `Container image "absent:1" is not present with pull policy of Never`}, never.State.Waiting)
 	e.running("always")
 	e.running("latest")
+}
+
+func TestSyncPodInvalidImageName(t *testing.T) {
+	e := newEnv(t)
+	pod := newPod(func(p *corev1.Pod) { p.Spec.Containers[0].Image = "Bad Image" })
+	res := e.sync(pod)
+	require.ErrorIs(t, res.Error(), podsync.ErrInvalidImageName)
+	app := statusOf(t, e.status(pod).ContainerStatuses, "app")
+	assert.Equal(t, "InvalidImageName", app.State.Waiting.Reason)
+	assert.Equal(t, `Failed to apply default image tag "Bad Image": couldn't parse image reference "Bad Image": invalid reference format`, app.State.Waiting.Message)
+	assert.Equal(t, "Warning InspectFailed "+app.State.Waiting.Message, e.events.Strings()[0])
 }
 
 func TestSyncPodConfigErrorIsolated(t *testing.T) {
