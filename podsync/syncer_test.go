@@ -296,7 +296,7 @@ func TestSyncPodInvalidImageName(t *testing.T) {
 	require.ErrorIs(t, res.Error(), podsync.ErrInvalidImageName)
 	app := statusOf(t, e.status(pod).ContainerStatuses, "app")
 	assert.Equal(t, "InvalidImageName", app.State.Waiting.Reason)
-	assert.Equal(t, `Failed to apply default image tag "Bad Image": couldn't parse image reference "Bad Image": invalid reference format`, app.State.Waiting.Message)
+	assert.Equal(t, `Failed to apply default image tag "Bad Image": couldn't parse image reference "Bad Image": invalid reference format: repository name (library/Bad Image) must be lowercase`, app.State.Waiting.Message)
 	assert.Equal(t, "Warning InspectFailed "+app.State.Waiting.Message, e.events.Strings()[0])
 }
 
