@@ -109,6 +109,14 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 		containersReadyCondition(&pod.Spec, statuses, s.Phase),
 		corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionTrue},
 	)
+	// PodObservedGenerationTracking (on by default since 1.34): the kubelet's
+	// conditions and the status record the generation they were computed for.
+	for i := range s.Conditions {
+		if kubeletConditions[s.Conditions[i].Type] {
+			s.Conditions[i].ObservedGeneration = pod.Generation
+		}
+	}
+	s.ObservedGeneration = pod.Generation
 	stampConditions(s.Conditions, old.Conditions, in.Now)
 
 	for _, ip := range in.HostIPs {

@@ -368,3 +368,18 @@ func TestTerminationMessage(t *testing.T) {
 	assert.Len(t, got, 2048, "at most the last 2048 bytes")
 	assert.True(t, strings.HasSuffix(got, "049"+strings.Repeat("x", 96)+"\n"))
 }
+
+func TestPodStatusObservedGeneration(t *testing.T) {
+	pod := testPod()
+	pod.Generation = 3
+	pod.Status.Conditions = []corev1.PodCondition{{Type: "example.com/gate", Status: corev1.ConditionTrue, ObservedGeneration: 1}}
+	s := PodStatus(pod, view(ready()), StatusInput{Now: t0})
+	assert.EqualValues(t, 3, s.ObservedGeneration)
+	for _, c := range s.Conditions {
+		want := int64(3)
+		if c.Type == "example.com/gate" {
+			want = 1 // not the kubelet's: left as it was
+		}
+		assert.Equal(t, want, c.ObservedGeneration, c.Type)
+	}
+}
