@@ -159,17 +159,14 @@ func stampConditions(conds, old []corev1.PodCondition, now time.Time) {
 	}
 }
 
-// kubeState is one runtime container converted to the API's terms.
+// convertContainer turns one runtime container into the API's terms
+// (toKubeContainerStatus, then convertContainerStatus).
 func convertContainer(c *runtimeapi.ContainerStatus, view *PodView, runtimeName string, old *corev1.ContainerStatus) corev1.ContainerStatus {
 	cid := runtimeName + "://" + c.GetId()
-	image := c.GetImage().GetUserSpecifiedImage()
-	if image == "" {
-		image = c.GetImage().GetImage()
-	}
 	st := corev1.ContainerStatus{
 		Name:         ContainerName(c),
 		RestartCount: int32(RestartCount(c)),
-		Image:        image,
+		Image:        c.GetImage().GetImage(),
 		ImageID:      c.GetImageRef(),
 		ContainerID:  cid,
 	}
