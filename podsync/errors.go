@@ -38,6 +38,9 @@ var (
 	ErrConfigPodSandbox = errors.New("ConfigPodSandboxError")
 	// ErrKillPodSandbox: stopping the sandbox failed.
 	ErrKillPodSandbox = errors.New("KillPodSandboxError")
+	// ErrDeadlineExceeded: the pod ran past its activeDeadlineSeconds; SyncPod
+	// killed it instead of syncing it.
+	ErrDeadlineExceeded = errors.New("DeadlineExceeded")
 	// ErrInvalidPod: the pod lacks what is needed to run it (UID, name, namespace).
 	ErrInvalidPod = errors.New("invalid pod")
 	// ErrInvalidConfig: Config passed to New is unusable.

@@ -119,6 +119,16 @@ func (s *Syncer) syncPod(ctx context.Context, pod *corev1.Pod, view *PodView) *S
 	}
 	defer s.updateWaiting(pod.UID, res)
 
+	// The kubelet's active deadline handler evicts the pod; the pod worker then
+	// kills it and it never runs again.
+	if ActiveDeadlineExceeded(pod, s.cfg.Clock.Now()) {
+		s.event(pod, corev1.EventTypeNormal, ReasonDeadlineExceeded, "%s", MessageDeadlineExceeded)
+		kr := s.killPod(ctx, pod, view, nil)
+		res.Steps = append(res.Steps, kr.Steps...)
+		res.Err = errors.Join(fmt.Errorf("pod %s: %w", formatPod(pod), ErrDeadlineExceeded), kr.Err)
+		return res
+	}
+
 	actions := ComputeActions(pod, view, ActionOptions{Probes: s.cfg.Probes, Hash: s.cfg.Hash, RuntimeName: s.cfg.RuntimeName})
 	log.V(4).Info("Computed pod actions", "actions", actions)
 	if actions.CreateSandbox && actions.SandboxID != "" {

@@ -147,7 +147,9 @@ func (r *SyncResult) add(action, target string, err error) {
 // containers and the app containers (pulling images, running postStart hooks,
 // honouring restart back-off). view is the runtime's state read just before
 // (LoadView); a nil view is loaded here. Failures are recorded per container and
-// show up in PodStatus as waiting reasons.
+// show up in PodStatus as waiting reasons. A pod past its activeDeadlineSeconds
+// is killed instead (event DeadlineExceeded, error ErrDeadlineExceeded), as the
+// kubelet's active deadline handler makes the pod worker do.
 func (s *Syncer) SyncPod(ctx context.Context, pod *corev1.Pod, view *PodView) *SyncResult {
 	return s.syncPod(ctx, pod, view)
 }

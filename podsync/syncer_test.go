@@ -555,3 +555,26 @@ func TestSyncPodRejectsInvalidPod(t *testing.T) {
 	assert.ErrorIs(t, res.Error(), podsync.ErrInvalidPod)
 	assert.ErrorIs(t, e.syncer.KillPod(context.Background(), nil, nil, nil).Error(), podsync.ErrInvalidPod)
 }
+
+func TestSyncPodActiveDeadlineKills(t *testing.T) {
+	e := newEnv(t)
+	pod := newPod(func(p *corev1.Pod) { p.Spec.ActiveDeadlineSeconds = ptr(int64(60)) })
+	require.NoError(t, e.sync(pod).Error())
+	pod.Status = e.status(pod)
+	e.clk.Step(59 * time.Second)
+	require.NoError(t, e.sync(pod).Error())
+	e.running("app")
+
+	e.clk.Step(time.Second)
+	e.events.Reset()
+	res := e.sync(pod)
+	require.ErrorIs(t, res.Error(), podsync.ErrDeadlineExceeded)
+	assert.Equal(t, []string{
+		"Normal DeadlineExceeded Pod was active on the node longer than the specified deadline",
+		"Normal Killing Stopping container app",
+	}, e.events.Strings())
+	assert.Equal(t, runtimeapi.ContainerState_CONTAINER_EXITED, e.rt.ContainerByName("app").State)
+	s := e.status(pod)
+	assert.Equal(t, corev1.PodFailed, s.Phase)
+	assert.Equal(t, "DeadlineExceeded", s.Reason)
+}
