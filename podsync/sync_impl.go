@@ -229,8 +229,10 @@ func (s *Syncer) createSandbox(ctx context.Context, pod *corev1.Pod, attempt uin
 		s.event(pod, corev1.EventTypeWarning, EventFailedCreatePodSandBox, "Failed to create pod sandbox: %v", err)
 		return "", nil, failure(ErrCreatePodSandbox, msg, "pod %s", formatPod(pod))
 	}
+	s.cfg.Metrics.SandboxStarted()
 	id, err := s.cfg.Runtime.RunPodSandbox(ctx, cfg, s.cfg.RuntimeHandler)
 	if err != nil {
+		s.cfg.Metrics.SandboxStartFailed()
 		msg := fmt.Sprintf("Failed to create sandbox for pod %q: %v", formatPod(pod), err)
 		s.event(pod, corev1.EventTypeWarning, EventFailedCreatePodSandBox, "Failed to create pod sandbox: %v", err)
 		return "", nil, &reasonError{reason: ErrCreatePodSandbox, message: msg, context: "pod " + formatPod(pod)}
@@ -299,6 +301,20 @@ func (s *Syncer) startContainer(ctx context.Context, pod *corev1.Pod, ctr *corev
 		break
 	}
 
+	metricType := MetricContainer
+	if ref.FieldPath != fmt.Sprintf("spec.containers{%s}", ctr.Name) {
+		metricType = MetricInitContainer
+	}
+	s.cfg.Metrics.ContainerStarted(metricType)
+	err := s.startContainerSteps(ctx, pod, ctr, view, sandboxID, sbCfg, podIPs, ref, what)
+	if err != nil {
+		s.cfg.Metrics.ContainerStartFailed(metricType, Reason(err))
+	}
+	return err
+}
+
+func (s *Syncer) startContainerSteps(ctx context.Context, pod *corev1.Pod, ctr *corev1.Container, view *PodView,
+	sandboxID string, sbCfg *runtimeapi.PodSandboxConfig, podIPs []string, ref *corev1.ObjectReference, what string) error {
 	imageRef, err := s.ensureImage(ctx, pod, ctr, ref, sbCfg)
 	if err != nil {
 		s.event(ref, corev1.EventTypeWarning, EventFailed, "Error: %v", Reason(err))

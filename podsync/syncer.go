@@ -21,6 +21,8 @@ type Config struct {
 	Builder ConfigBuilder
 	// Events receives the kubelet's pod events. Nil drops them.
 	Events EventRecorder
+	// Metrics counts sandbox and container starts. Nil: not counted.
+	Metrics Metrics
 	// Probes gives liveness, readiness and startup results. Nil: no probes.
 	Probes ProbeResults
 	// Credentials resolves registry credentials for image pulls. Nil: anonymous.
@@ -75,6 +77,9 @@ func New(cfg Config) (*Syncer, error) {
 	}
 	if cfg.Probes == nil {
 		cfg.Probes = noProbes{}
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = noMetrics{}
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}

@@ -35,15 +35,16 @@ type env struct {
 	builder *podsynctest.Builder
 	syncer  *podsync.Syncer
 	probes  map[podsync.ProbeType]map[string]podsync.ProbeResult
+	metrics *podsynctest.Metrics
 }
 
 func newEnv(t *testing.T) *env {
 	e := &env{t: t, clk: testingclock.NewFakeClock(epoch), events: &podsynctest.Recorder{}, builder: &podsynctest.Builder{},
-		probes: map[podsync.ProbeType]map[string]podsync.ProbeResult{}}
+		probes: map[podsync.ProbeType]map[string]podsync.ProbeResult{}, metrics: &podsynctest.Metrics{}}
 	e.rt = podsynctest.New(e.clk)
 	e.rt.AddImage("busybox:1.36")
 	s, err := podsync.New(podsync.Config{
-		Runtime: e.rt, Builder: e.builder, Events: e.events, Clock: e.clk,
+		Runtime: e.rt, Builder: e.builder, Events: e.events, Clock: e.clk, Metrics: e.metrics,
 		Probes: podsync.ProbeResultsFunc(func(pt podsync.ProbeType, id string) (podsync.ProbeResult, bool) {
 			r, ok := e.probes[pt][id]
 			return r, ok
@@ -157,6 +158,7 @@ func TestSyncPodInitContainersInOrder(t *testing.T) {
 	s := e.status(pod)
 	assert.Equal(t, corev1.PodPending, s.Phase)
 	assert.Equal(t, "PodInitializing", statusOf(t, s.ContainerStatuses, "app").State.Waiting.Reason)
+	assert.Equal(t, map[string]int{"sandbox": 1, "started/init_container": 1}, e.metrics.Counts())
 
 	require.NoError(t, e.sync(pod).Error())
 	assert.Nil(t, e.rt.ContainerByName("i2"), "i1 still running: wait")
@@ -217,6 +219,8 @@ func TestSyncPodCrashLoopBackOff(t *testing.T) {
 	assert.EqualValues(t, 1, app.LastTerminationState.Terminated.ExitCode)
 	assert.Equal(t, corev1.PodRunning, s.Phase)
 
+	assert.Equal(t, map[string]int{"sandbox": 1, "started/container": 2}, e.metrics.Counts(), "a start held by the back-off is not counted")
+
 	e.clk.Step(9 * time.Second)
 	require.ErrorIs(t, e.sync(pod).Error(), podsync.ErrCrashLoopBackOff)
 	e.clk.Step(time.Second)
@@ -249,6 +253,7 @@ func TestSyncPodImagePullFailureAndBackOff(t *testing.T) {
 	assert.Equal(t, "Warning Failed Error: ErrImagePull", ev[2])
 	app := statusOf(t, e.status(pod).ContainerStatuses, "app")
 	assert.Equal(t, "ErrImagePull", app.State.Waiting.Reason)
+	assert.Equal(t, 1, e.metrics.Counts()["errors/container/ErrImagePull"])
 	assert.Contains(t, app.State.Waiting.Message, "not found")
 
 	e.events.Reset()
@@ -322,6 +327,7 @@ func TestSyncPodRuntimeErrors(t *testing.T) {
 	e.rt.FailNext("RunPodSandbox", status.Error(codes.Unknown, "cni plugin not initialized"))
 	res := e.sync(pod)
 	require.ErrorIs(t, res.Error(), podsync.ErrCreatePodSandbox)
+	assert.Equal(t, map[string]int{"sandbox": 1, "sandbox_errors": 1}, e.metrics.Counts())
 	assert.Equal(t, []string{"Warning FailedCreatePodSandBox Failed to create pod sandbox: rpc error: code = Unknown desc = cni plugin not initialized"}, e.events.Strings())
 
 	e.events.Reset()

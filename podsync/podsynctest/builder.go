@@ -127,3 +127,43 @@ func (r *Recorder) Reset() {
 	defer r.mu.Unlock()
 	r.events = nil
 }
+
+// Metrics counts what a Syncer reports; it satisfies podsync.Metrics.
+type Metrics struct {
+	mu sync.Mutex
+	// Counts by metric: "sandbox", "sandbox_errors", "started/<type>",
+	// "errors/<type>/<code>".
+	counts map[string]int
+}
+
+func (m *Metrics) inc(key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.counts == nil {
+		m.counts = map[string]int{}
+	}
+	m.counts[key]++
+}
+
+// SandboxStarted counts "sandbox".
+func (m *Metrics) SandboxStarted() { m.inc("sandbox") }
+
+// SandboxStartFailed counts "sandbox_errors".
+func (m *Metrics) SandboxStartFailed() { m.inc("sandbox_errors") }
+
+// ContainerStarted counts "started/<type>".
+func (m *Metrics) ContainerStarted(t string) { m.inc("started/" + t) }
+
+// ContainerStartFailed counts "errors/<type>/<code>".
+func (m *Metrics) ContainerStartFailed(t, code string) { m.inc("errors/" + t + "/" + code) }
+
+// Counts returns a copy of the counts.
+func (m *Metrics) Counts() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range m.counts {
+		out[k] = v
+	}
+	return out
+}
