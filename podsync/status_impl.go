@@ -59,12 +59,9 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	old := pod.Status
 	var s corev1.PodStatus
 
-	// Pod IPs come from the newest sandbox while it is ready.
 	newSandbox, _, _ := sandboxChanged(pod, view)
-	if view.Sandbox().GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
-		for _, ip := range view.IPs() {
-			s.PodIPs = append(s.PodIPs, corev1.PodIP{IP: ip})
-		}
+	for _, ip := range view.IPs() {
+		s.PodIPs = append(s.PodIPs, corev1.PodIP{IP: ip})
 	}
 	if len(s.PodIPs) > 0 {
 		s.PodIP = s.PodIPs[0].IP

@@ -133,10 +133,12 @@ func (v *PodView) Sandbox() *runtimeapi.PodSandboxStatus {
 	return v.Sandboxes[0]
 }
 
-// IPs returns the pod's IPs from the newest sandbox (primary first), or nil.
+// IPs returns the pod's IPs from the newest sandbox (primary first), or nil
+// when that sandbox is not ready or has none, as the kubelet's GetPodStatus
+// reads them.
 func (v *PodView) IPs() []string {
 	sb := v.Sandbox()
-	if sb == nil || sb.GetNetwork() == nil || sb.GetNetwork().GetIp() == "" {
+	if sb.GetState() != runtimeapi.PodSandboxState_SANDBOX_READY || sb.GetNetwork().GetIp() == "" {
 		return nil
 	}
 	ips := []string{sb.GetNetwork().GetIp()}
