@@ -127,7 +127,7 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 		if pod.Spec.HostNetwork && s.PodIP == "" {
 			s.PodIP = s.HostIP
 			for _, h := range s.HostIPs {
-				s.PodIPs = append(s.PodIPs, corev1.PodIP{IP: h.IP})
+				s.PodIPs = append(s.PodIPs, corev1.PodIP(h))
 			}
 		}
 	}

@@ -98,11 +98,11 @@ func TestRuntimeControls(t *testing.T) {
 	sb, err := rt.RunPodSandbox(ctx, sandboxConfig("web", 0), "")
 	require.NoError(t, err, "FailNext fails one call")
 
-	ref, pulled, err := rt.EnsureImage(ctx, "img:1", nil, nil)
+	_, pulled, err := rt.EnsureImage(ctx, "img:1", nil, nil)
 	assert.Error(t, err, "not pullable")
 	assert.False(t, pulled)
 	rt.SetPullable("img:1", true)
-	ref, pulled, err = rt.EnsureImage(ctx, "img:1", nil, nil)
+	ref, pulled, err := rt.EnsureImage(ctx, "img:1", nil, nil)
 	require.NoError(t, err)
 	assert.True(t, pulled)
 	assert.Equal(t, podsynctest.ImageRef("img:1"), ref)
