@@ -269,3 +269,134 @@ func assertFile(t *testing.T, path, want string) {
 		assert.Equal(t, want, string(b))
 	}
 }
+
+// msgHostBuilder also mounts a fresh host file at the container's
+// terminationMessagePath, as the kubelet does.
+type msgHostBuilder struct {
+	hostBuilder
+}
+
+func (b *msgHostBuilder) ContainerConfig(ctx context.Context, pod *corev1.Pod, c *corev1.Container, restartCount int, imageRef string, podIPs []string) (*runtimeapi.ContainerConfig, error) {
+	cfg, err := b.hostBuilder.ContainerConfig(ctx, pod, c, restartCount, imageRef, podIPs)
+	if err != nil || c.TerminationMessagePath == "" {
+		return cfg, err
+	}
+	host := filepath.Join(b.out, fmt.Sprintf("%s-%s-%d.termination-log", pod.Name, c.Name, restartCount))
+	if err := os.WriteFile(host, nil, 0o666); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(host, 0o666); err != nil {
+		return nil, err
+	}
+	cfg.Mounts = append(cfg.Mounts, &runtimeapi.Mount{HostPath: host, ContainerPath: c.TerminationMessagePath})
+	return cfg, nil
+}
+
+// TestContainerdFailuresAndMessages runs containers that fail for real:
+// termination messages from the file and from the CRI log, exit codes and
+// reasons, a Failed phase under restartPolicy Never, and an image pull that
+// fails then backs off.
+func TestContainerdFailuresAndMessages(t *testing.T) {
+	testenv.RequireLong(t)
+	cd := containerd.Start(t, containerd.Options{})
+	rt := newRawRuntime(cd.Conn(t))
+	events := &podsynctest.Recorder{}
+	syncer, err := podsync.New(podsync.Config{
+		Runtime: rt, Builder: &msgHostBuilder{hostBuilder{logs: t.TempDir(), out: t.TempDir()}}, Events: events,
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	image := cd.BusyboxImage()
+
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "messages", Namespace: "nodekit-test", UID: "uid-podsync-messages"},
+		Spec: corev1.PodSpec{
+			HostNetwork:   true,
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{
+				Name: "file", Image: image, ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:                []string{"sh", "-c", "printf 'all done' > /dev/termination-log"},
+				TerminationMessagePath: "/dev/termination-log", TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+			}, {
+				Name: "logs", Image: image, ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:                []string{"sh", "-c", "echo starting; echo 'cannot open /data: no such file' >&2; exit 3"},
+				TerminationMessagePath: "/dev/termination-log", TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+			}},
+		},
+	}
+	var st corev1.PodStatus
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		require.NoError(t, syncer.SyncPod(ctx, pod, nil).Error())
+		v, err := podsync.LoadView(ctx, rt, pod.UID, podsync.OSFiles{})
+		require.NoError(t, err)
+		st = syncer.PodStatus(pod, v, podsync.StatusInput{HostIPs: []string{"127.0.0.1"}})
+		pod.Status = st
+		logs := statusOf(t, st.ContainerStatuses, "logs")
+		if st.Phase == corev1.PodFailed && logs.State.Terminated != nil && logs.State.Terminated.Message != "" {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "pod not Failed with messages in time: %+v", st)
+		time.Sleep(200 * time.Millisecond)
+	}
+	file := statusOf(t, st.ContainerStatuses, "file").State.Terminated
+	require.NotNil(t, file)
+	assert.EqualValues(t, 0, file.ExitCode)
+	assert.Equal(t, "Completed", file.Reason)
+	assert.Equal(t, "all done", file.Message, "read from the mounted termination-log file")
+	logs := statusOf(t, st.ContainerStatuses, "logs").State.Terminated
+	assert.EqualValues(t, 3, logs.ExitCode)
+	assert.Equal(t, "Error", logs.Reason)
+	// Both streams, in the order containerd wrote them to the log (stdout and
+	// stderr are separate pipes, so that order may vary, as on any node).
+	assert.ElementsMatch(t, []string{"starting", "cannot open /data: no such file", ""}, strings.Split(logs.Message, "\n"), "the log tail: %q", logs.Message)
+	assert.Equal(t, "False/PodFailed/", func() string {
+		for _, c := range st.Conditions {
+			if c.Type == corev1.ContainersReady {
+				return string(c.Status) + "/" + c.Reason + "/" + c.Message
+			}
+		}
+		return ""
+	}())
+	require.NoError(t, syncer.SyncPod(ctx, pod, nil).Error())
+	assert.Len(t, mustView(t, rt, pod).Containers, 2, "Never: nothing restarted")
+
+	// A pull from a registry that is not there fails, then backs off.
+	bad := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "pullfail", Namespace: "nodekit-test", UID: "uid-podsync-pullfail"},
+		Spec: corev1.PodSpec{
+			HostNetwork: true, RestartPolicy: corev1.RestartPolicyAlways,
+			Containers: []corev1.Container{{Name: "app", Image: "127.0.0.1:1/nodekit/missing:1", ImagePullPolicy: corev1.PullIfNotPresent}},
+		},
+	}
+	events.Reset()
+	res := syncer.SyncPod(ctx, bad, nil)
+	require.ErrorIs(t, res.Error(), podsync.ErrImagePull)
+	st = syncer.PodStatus(bad, mustView(t, rt, bad), podsync.StatusInput{})
+	w := st.ContainerStatuses[0].State.Waiting
+	require.NotNil(t, w)
+	assert.Equal(t, "ErrImagePull", w.Reason)
+	assert.Contains(t, w.Message, "127.0.0.1:1/nodekit/missing:1")
+	ev := events.Strings()
+	require.GreaterOrEqual(t, len(ev), 3)
+	assert.Equal(t, `Normal Pulling Pulling image "127.0.0.1:1/nodekit/missing:1"`, ev[0])
+	assert.True(t, strings.HasPrefix(ev[1], `Warning Failed Failed to pull image "127.0.0.1:1/nodekit/missing:1": rpc error:`), ev[1])
+	assert.Equal(t, "Warning Failed Error: ErrImagePull", ev[2])
+	require.ErrorIs(t, syncer.SyncPod(ctx, bad, nil).Error(), podsync.ErrImagePullBackOff)
+	st = syncer.PodStatus(bad, mustView(t, rt, bad), podsync.StatusInput{})
+	assert.Equal(t, "ImagePullBackOff", st.ContainerStatuses[0].State.Waiting.Reason)
+	assert.Equal(t, corev1.PodPending, st.Phase)
+	t.Logf("pull failure message: %s", w.Message)
+
+	for _, p := range []*corev1.Pod{pod, bad} {
+		require.NoError(t, syncer.KillPod(ctx, p, nil, nil).Error())
+		require.NoError(t, syncer.RemovePod(ctx, p.UID))
+	}
+}
+
+func mustView(t *testing.T, rt podsync.ViewSource, pod *corev1.Pod) *podsync.PodView {
+	t.Helper()
+	v, err := podsync.LoadView(context.Background(), rt, pod.UID, podsync.OSFiles{})
+	require.NoError(t, err)
+	return v
+}
