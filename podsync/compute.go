@@ -36,11 +36,22 @@ func computeActions(pod *corev1.Pod, view *PodView, opts ActionOptions) Actions 
 	return c.compute()
 }
 
+// Messages of the PodReadyToStartContainers condition when the pod needs a new
+// sandbox (pkg/kubelet/types), with its reason.
+const (
+	ReasonPodSandboxNotReady                  = "PodSandboxNotReady"
+	MessageNoPodSandbox                       = "no pod sandbox exists"
+	MessageMultipleSandboxes                  = "multiple pod sandboxes are ready and need to be reconciled"
+	MessageSandboxNotReady                    = "pod sandbox is not ready"
+	MessageSandboxNetworkNamespaceModeChanged = "network namespace mode changed and sandbox needs to be recreated"
+	MessageSandboxNoIPAddress                 = "pod sandbox has no IP address"
+)
+
 // sandboxChanged says whether the pod needs a new sandbox, the new sandbox's
-// attempt and the current sandbox's ID (runtimeutil.PodSandboxChanged).
-func sandboxChanged(pod *corev1.Pod, view *PodView) (bool, uint32, string) {
+// attempt, the current sandbox's ID and why (runtimeutil.PodSandboxChanged).
+func sandboxChanged(pod *corev1.Pod, view *PodView) (bool, uint32, string, string) {
 	if len(view.Sandboxes) == 0 {
-		return true, 0, ""
+		return true, 0, "", MessageNoPodSandbox
 	}
 	ready := 0
 	for _, sb := range view.Sandboxes {
@@ -53,16 +64,16 @@ func sandboxChanged(pod *corev1.Pod, view *PodView) (bool, uint32, string) {
 	switch {
 	case ready > 1:
 		// Several ready sandboxes: reconcile by starting over.
-		return true, next, newest.GetId()
+		return true, next, newest.GetId(), MessageMultipleSandboxes
 	case newest.GetState() != runtimeapi.PodSandboxState_SANDBOX_READY:
-		return true, next, newest.GetId()
+		return true, next, newest.GetId(), MessageSandboxNotReady
 	case newest.GetLinux().GetNamespaces().GetOptions().GetNetwork() != networkMode(pod):
 		// hostNetwork changed: the old sandbox cannot be reused.
-		return true, next, ""
+		return true, next, "", MessageSandboxNetworkNamespaceModeChanged
 	case !pod.Spec.HostNetwork && newest.GetNetwork() != nil && newest.GetNetwork().GetIp() == "":
-		return true, next, newest.GetId()
+		return true, next, newest.GetId(), MessageSandboxNoIPAddress
 	}
-	return false, newest.GetMetadata().GetAttempt(), newest.GetId()
+	return false, newest.GetMetadata().GetAttempt(), newest.GetId(), ""
 }
 
 func networkMode(pod *corev1.Pod) runtimeapi.NamespaceMode {
@@ -162,7 +173,7 @@ func stateName(st *runtimeapi.ContainerStatus) string {
 
 func (c *computer) compute() Actions {
 	pod := c.pod
-	create, attempt, sandboxID := sandboxChanged(pod, c.view)
+	create, attempt, sandboxID, _ := sandboxChanged(pod, c.view)
 	c.actions = Actions{KillPod: create, CreateSandbox: create, SandboxID: sandboxID, Attempt: attempt}
 
 	if create {

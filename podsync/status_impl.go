@@ -59,7 +59,7 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	old := pod.Status
 	var s corev1.PodStatus
 
-	newSandbox, _, _ := sandboxChanged(pod, view)
+	newSandbox, _, _, why := sandboxChanged(pod, view)
 	for _, ip := range view.IPs() {
 		s.PodIPs = append(s.PodIPs, corev1.PodIP{IP: ip})
 	}
@@ -95,9 +95,9 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 		}
 	}
 	statuses := append(append([]corev1.ContainerStatus{}, s.InitContainerStatuses...), s.ContainerStatuses...)
-	rtsc := corev1.PodCondition{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionFalse}
-	if !newSandbox {
-		rtsc.Status = corev1.ConditionTrue
+	rtsc := corev1.PodCondition{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue}
+	if newSandbox {
+		rtsc = corev1.PodCondition{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionFalse, Reason: ReasonPodSandboxNotReady, Message: why}
 	}
 	s.Conditions = append(s.Conditions,
 		rtsc,

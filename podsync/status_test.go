@@ -45,7 +45,7 @@ func TestPodStatusNewPod(t *testing.T) {
 	s := PodStatus(testPod(), view(nil), StatusInput{Now: t0, HostIPs: []string{"192.168.1.10"}})
 	assert.Equal(t, corev1.PodPending, s.Phase)
 	assert.Equal(t, map[corev1.PodConditionType]string{
-		corev1.PodReadyToStartContainers: "False//",
+		corev1.PodReadyToStartContainers: "False/PodSandboxNotReady/no pod sandbox exists",
 		corev1.PodInitialized:            "True//",
 		corev1.PodReady:                  "False/ContainersNotReady/containers with unready status: [app side]",
 		corev1.ContainersReady:           "False/ContainersNotReady/containers with unready status: [app side]",
