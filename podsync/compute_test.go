@@ -283,3 +283,61 @@ func TestComputeActionsProbeIDsCarryTheRuntimeName(t *testing.T) {
 	require.Len(t, got.ContainersToKill, 1)
 	assert.Equal(t, "a1", got.ContainersToKill[0].ContainerID)
 }
+
+func TestComputeActionsContainerRestartRules(t *testing.T) {
+	never, onFailure := corev1.ContainerRestartPolicyNever, corev1.ContainerRestartPolicyOnFailure
+	withCtrPolicy := func(p *corev1.ContainerRestartPolicy, rules ...corev1.ContainerRestartRule) func(*corev1.Pod) {
+		return func(pod *corev1.Pod) {
+			pod.Spec.Containers[0].RestartPolicy = p
+			pod.Spec.Containers[0].RestartPolicyRules = rules
+		}
+	}
+	restartOn := func(op corev1.ContainerRestartRuleOnExitCodesOperator, codes ...int32) corev1.ContainerRestartRule {
+		return corev1.ContainerRestartRule{Action: corev1.ContainerRestartRuleActionRestart,
+			ExitCodes: &corev1.ContainerRestartRuleOnExitCodes{Operator: op, Values: codes}}
+	}
+	tests := []struct {
+		name  string
+		pod   *corev1.Pod
+		exit  int32
+		start bool
+	}{
+		{"container Never in an Always pod", testPod(withCtrPolicy(&never)), 1, false},
+		{"container OnFailure in a Never pod, failed", testPod(withPolicy(corev1.RestartPolicyNever), withCtrPolicy(&onFailure)), 1, true},
+		{"container OnFailure in a Never pod, succeeded", testPod(withPolicy(corev1.RestartPolicyNever), withCtrPolicy(&onFailure)), 0, false},
+		{"rule In [42] matches", testPod(withPolicy(corev1.RestartPolicyNever), withCtrPolicy(&never, restartOn(corev1.ContainerRestartRuleOnExitCodesOpIn, 42))), 42, true},
+		{"rule In [42] does not match: container Never", testPod(withPolicy(corev1.RestartPolicyNever), withCtrPolicy(&never, restartOn(corev1.ContainerRestartRuleOnExitCodesOpIn, 42))), 1, false},
+		{"rule NotIn [0] matches a failure", testPod(withCtrPolicy(&never, restartOn(corev1.ContainerRestartRuleOnExitCodesOpNotIn, 0))), 3, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			v := view(ready(), cs{name: "app", id: "a1", state: exited, exit: tc.exit}, cs{name: "side", id: "s1", state: running})
+			got := ComputeActions(tc.pod, v, ActionOptions{})
+			assert.Equal(t, tc.start, len(got.ContainersToStart) == 1 && got.ContainersToStart[0] == 0, "%+v", got)
+		})
+	}
+
+	// A liveness kill of a container with restartPolicy Never does not restart it.
+	pod := testPod(withCtrPolicy(&never))
+	v := view(ready(), cs{name: "app", id: "a1", state: running}, cs{name: "side", id: "s1", state: running})
+	got := ComputeActions(pod, v, ActionOptions{Probes: probeMap{Liveness: {"containerd://a1": ProbeFailure}}})
+	assert.Empty(t, got.ContainersToStart)
+	require.Len(t, got.ContainersToKill, 1)
+	assert.Equal(t, "Container app failed liveness probe", got.ContainersToKill[0].Message)
+}
+
+func TestComputeActionsInitIgnoresOldSandboxContainers(t *testing.T) {
+	pod := testPod(withInits("i1", "i2"))
+	sbs := []*runtimeapi.PodSandboxStatus{sandbox("sb2", 1, true, "10.0.0.6"), sandbox("sb1", 0, false, "10.0.0.5")}
+	v := view(sbs, cs{name: "app", id: "old-app", state: exited, exit: 0}, cs{name: "i1", id: "new-i1", state: exited, created: 5})
+	v.ContainerSandboxes = map[string]string{"old-app": "sb1", "new-i1": "sb2"}
+	got := ComputeActions(pod, v, ActionOptions{})
+	assert.Equal(t, []int{1}, got.InitContainersToStart, "the old sandbox's app container does not mean initialized")
+	assert.Empty(t, got.ContainersToStart)
+
+	// In the current sandbox, an exited app container does mean initialized.
+	v.ContainerSandboxes["old-app"] = "sb2"
+	got = ComputeActions(pod, v, ActionOptions{})
+	assert.Empty(t, got.InitContainersToStart)
+	assert.Equal(t, []int{0, 1}, got.ContainersToStart)
+}
