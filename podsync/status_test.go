@@ -383,3 +383,88 @@ func TestPodStatusObservedGeneration(t *testing.T) {
 		assert.Equal(t, want, c.ObservedGeneration, c.Type)
 	}
 }
+
+func TestPodStatusPhaseWithContainerRestartPolicies(t *testing.T) {
+	never := corev1.ContainerRestartPolicyNever
+	always := corev1.ContainerRestartPolicyAlways
+	// An Always pod whose only stopped container may not restart is done.
+	pod := testPod(func(p *corev1.Pod) {
+		p.Spec.Containers = p.Spec.Containers[:1]
+		p.Spec.Containers[0].RestartPolicy = &never
+	})
+	v := view(ready(), cs{name: "app", id: "a", state: exited, exit: 1})
+	assert.Equal(t, corev1.PodFailed, PodStatus(pod, v, StatusInput{Now: t0}).Phase)
+	v = view(ready(), cs{name: "app", id: "a", state: exited, exit: 0})
+	assert.Equal(t, corev1.PodSucceeded, PodStatus(pod, v, StatusInput{Now: t0}).Phase)
+
+	// A Never pod whose container restarts on its own policy keeps Running.
+	pod = testPod(withPolicy(corev1.RestartPolicyNever), func(p *corev1.Pod) {
+		p.Spec.Containers = p.Spec.Containers[:1]
+		p.Spec.Containers[0].RestartPolicy = &always
+	})
+	v = view(ready(), cs{name: "app", id: "a", state: exited, exit: 1})
+	assert.Equal(t, corev1.PodRunning, PodStatus(pod, v, StatusInput{Now: t0}).Phase)
+
+	// A failed init container that restarts on its own policy does not fail a Never pod.
+	onFailure := corev1.ContainerRestartPolicyOnFailure
+	pod = testPod(withInits("i1"), withPolicy(corev1.RestartPolicyNever), func(p *corev1.Pod) { p.Spec.InitContainers[0].RestartPolicy = &onFailure })
+	v = view(ready(), cs{name: "i1", id: "x", state: exited, exit: 2})
+	assert.Equal(t, corev1.PodPending, PodStatus(pod, v, StatusInput{Now: t0}).Phase)
+
+	// A terminal static pod is not forced to a terminal phase.
+	pod = testPod(func(p *corev1.Pod) { p.Annotations = map[string]string{"kubernetes.io/config.source": "file"} })
+	v = view(ready(), cs{name: "app", id: "a", state: exited, exit: 0}, cs{name: "side", id: "b", state: exited, exit: 0})
+	assert.Equal(t, corev1.PodRunning, PodStatus(pod, v, StatusInput{Now: t0, Terminal: true}).Phase)
+}
+
+func TestPodStatusImageIDAndVolumeMounts(t *testing.T) {
+	rro := corev1.RecursiveReadOnlyEnabled
+	pod := testPod(func(p *corev1.Pod) {
+		p.Spec.Containers[1].VolumeMounts = []corev1.VolumeMount{
+			{Name: "data", MountPath: "/data"},
+			{Name: "cfg", MountPath: "/etc/cfg", ReadOnly: true},
+			{Name: "ro", MountPath: "/ro", ReadOnly: true, RecursiveReadOnly: &rro},
+		}
+	})
+	v := view(ready(), cs{name: "app", id: "a", state: running})
+	v.Containers[0].ImageId = "sha256:image-id"
+	s := PodStatus(pod, v, StatusInput{Now: t0})
+	assert.Equal(t, "sha256:image-id", ctrStatus(t, s.ContainerStatuses, "app").ImageID, "image_id wins over image_ref")
+	disabled := corev1.RecursiveReadOnlyDisabled
+	assert.Equal(t, []corev1.VolumeMountStatus{
+		{Name: "data", MountPath: "/data"},
+		{Name: "cfg", MountPath: "/etc/cfg", ReadOnly: true, RecursiveReadOnly: &disabled},
+		{Name: "ro", MountPath: "/ro", ReadOnly: true, RecursiveReadOnly: &rro},
+	}, ctrStatus(t, s.ContainerStatuses, "side").VolumeMounts)
+}
+
+func TestPodStatusAfterAgentRestart(t *testing.T) {
+	pod := testPod(func(p *corev1.Pod) {
+		p.Spec.Containers[0].StartupProbe = &corev1.Probe{}
+		p.Spec.Containers[1].ReadinessProbe = &corev1.Probe{}
+	})
+	v := view(ready(), cs{name: "app", id: "a", state: running}, cs{name: "side", id: "b", state: running})
+	// The old status says both were started and the pod Ready.
+	started := true
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{
+		{Name: "app", Started: &started, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+		{Name: "side", Started: &started, Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	agentStart := t0.Add(time.Hour)
+	s := PodStatus(pod, v, StatusInput{Now: agentStart, AgentStart: agentStart})
+	assert.True(t, *ctrStatus(t, s.ContainerStatuses, "app").Started, "started survives with no startup result yet")
+	assert.True(t, ctrStatus(t, s.ContainerStatuses, "side").Ready, "readiness survives the restart until the probe answers")
+	assert.Equal(t, corev1.ConditionTrue, cond(s, corev1.PodReady).Status)
+
+	// Once the probes answer, they decide.
+	s = PodStatus(pod, v, StatusInput{Now: agentStart, AgentStart: agentStart, Probes: probeMap{
+		Startup: {"containerd://a": ProbeUnknown}, Readiness: {"containerd://b": ProbeFailure},
+	}})
+	assert.False(t, *ctrStatus(t, s.ContainerStatuses, "app").Started, "a startup worker with no verdict: not started")
+	assert.False(t, ctrStatus(t, s.ContainerStatuses, "side").Ready)
+
+	// Without AgentStart (or for a container started after it) no grace.
+	s = PodStatus(pod, v, StatusInput{Now: agentStart})
+	assert.False(t, ctrStatus(t, s.ContainerStatuses, "side").Ready)
+}

@@ -55,7 +55,8 @@ type Config struct {
 // Build it with New. SyncPod and KillPod for different pods may run concurrently;
 // calls for one pod must not overlap (the kubelet's pod workers serialize them).
 type Syncer struct {
-	cfg Config
+	cfg     Config
+	started time.Time // when New ran: the agent's start for StatusInput.AgentStart
 
 	mu      sync.Mutex
 	waiting map[types.UID]map[string]Waiting
@@ -99,7 +100,7 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.MinGracePeriod == 0 {
 		cfg.MinGracePeriod = minimumGracePeriod
 	}
-	return &Syncer{cfg: cfg, waiting: map[types.UID]map[string]Waiting{}}, nil
+	return &Syncer{cfg: cfg, started: cfg.Clock.Now(), waiting: map[types.UID]map[string]Waiting{}}, nil
 }
 
 // minimumGracePeriod is the kubelet's floor for a container's stop grace.
@@ -175,7 +176,8 @@ func (s *Syncer) RemovePod(ctx context.Context, uid types.UID) error {
 
 // PodStatus computes the pod's status (see the package function PodStatus).
 // Fields of in left empty take the Syncer's: Probes, Waiting (the start
-// failures SyncPod recorded), Now (its clock) and RuntimeName.
+// failures SyncPod recorded), Now (its clock), AgentStart (when New ran) and
+// RuntimeName.
 func (s *Syncer) PodStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus {
 	if in.Probes == nil {
 		in.Probes = s.cfg.Probes
@@ -188,6 +190,9 @@ func (s *Syncer) PodStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev
 	}
 	if in.RuntimeName == "" {
 		in.RuntimeName = s.cfg.RuntimeName
+	}
+	if in.AgentStart.IsZero() {
+		in.AgentStart = s.started
 	}
 	return PodStatus(pod, view, in)
 }
