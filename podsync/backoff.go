@@ -1,7 +1,9 @@
 package podsync
 
 import (
-	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -94,8 +96,14 @@ func (b *Backoff) Reset(key string) { b.b.Reset(key) }
 func (b *Backoff) GC() { b.b.GC() }
 
 // ContainerBackoffKey is the key the kubelet uses for a container's restart
-// back-off: pod name, namespace and UID, container name and the container's
-// spec hash, so a changed spec starts with a fresh delay.
-func ContainerBackoffKey(pod *corev1.Pod, container *corev1.Container, hash string) string {
-	return fmt.Sprintf("%s_%s_%s_%s_%s", pod.Name, pod.Namespace, string(pod.UID), container.Name, hash)
+// back-off (kuberuntime GetBackoffKey, v1.37.2): FNV-64a, in hex, over the pod's
+// name, namespace and UID and the container's name, image and resources joined
+// with "/", so a changed image or resources starts with a fresh delay.
+func ContainerBackoffKey(pod *corev1.Pod, container *corev1.Container) string {
+	key := strings.Join([]string{
+		pod.Name, pod.Namespace, string(pod.UID), container.Name, container.Image, container.Resources.String(),
+	}, "/")
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	return strconv.FormatUint(h.Sum64(), 16)
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	testingclock "k8s.io/utils/clock/testing"
 )
 
@@ -88,5 +89,17 @@ func TestBackoffWithCustomMax(t *testing.T) {
 
 func TestContainerBackoffKey(t *testing.T) {
 	pod := testPod()
-	assert.Equal(t, "web_default_uid-1_app_1a2b", ContainerBackoffKey(pod, &corev1.Container{Name: "app"}, "1a2b"))
+	app := &corev1.Container{Name: "app", Image: "busybox:1.36"}
+	key := ContainerBackoffKey(pod, app)
+	assert.Regexp(t, "^[0-9a-f]{1,16}$", key)
+	assert.Equal(t, key, ContainerBackoffKey(pod, app.DeepCopy()), "stable")
+	other := app.DeepCopy()
+	other.Image = "busybox:1.37"
+	assert.NotEqual(t, key, ContainerBackoffKey(pod, other), "a new image starts a fresh back-off")
+	other = app.DeepCopy()
+	other.Resources.Limits = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}
+	assert.NotEqual(t, key, ContainerBackoffKey(pod, other), "so do new resources")
+	other = app.DeepCopy()
+	other.Command = []string{"sh"}
+	assert.Equal(t, key, ContainerBackoffKey(pod, other), "other fields do not")
 }

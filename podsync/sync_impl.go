@@ -290,7 +290,7 @@ func (s *Syncer) startContainer(ctx context.Context, pod *corev1.Pod, ctr *corev
 		if c.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
 			continue
 		}
-		key := ContainerBackoffKey(pod, ctr, s.cfg.Hash(ctr))
+		key := ContainerBackoffKey(pod, ctr)
 		finished := time.Unix(0, c.GetFinishedAt())
 		if in, delay := s.cfg.Backoff.InBackoff(key, finished); in {
 			s.event(ref, corev1.EventTypeWarning, EventBackOff, "Back-off restarting failed container %s in pod %s", ctr.Name, formatPod(pod))
