@@ -222,15 +222,15 @@ func TestContainerdPodLifecycle(t *testing.T) {
 	}
 	assertFile(t, filepath.Join(out, "init"), "initialized\n")
 	assertFile(t, filepath.Join(out, "poststart"), "started\n")
-	ev := strings.Join(events.Strings(), "\n")
+	ev := strings.Join(events.WithFields(), "\n")
 	for _, want := range []string{
-		fmt.Sprintf(`Normal Pulled Container image %q already present on machine`, image),
-		"Normal Created Created container: init", "Normal Started Started container init",
-		"Normal Created Created container: app", "Normal Started Started container app",
+		fmt.Sprintf(`spec.initContainers{init}: Normal Pulled Container image %q already present on machine`, image),
+		"spec.initContainers{init}: Normal Created Container created", "spec.initContainers{init}: Normal Started Container started",
+		"spec.containers{app}: Normal Created Container created", "spec.containers{app}: Normal Started Container started",
 	} {
 		assert.Contains(t, ev, want)
 	}
-	assert.Less(t, strings.Index(ev, "Started container init"), strings.Index(ev, "Created container: app"), "init before app")
+	assert.Less(t, strings.Index(ev, "spec.initContainers{init}: Normal Started"), strings.Index(ev, "spec.containers{app}: Normal Created"), "init before app")
 
 	// Graceful kill: preStop, then SIGTERM within the grace; the app exits 0.
 	events.Reset()

@@ -82,18 +82,18 @@ func Example() {
 	// back-off 10s restarting failed container=app pod=web_default(1234)
 	// phase=Running app=running restarts=2
 	// Normal Pulled Container image "busybox:1.36" already present on machine
-	// Normal Created Created container: setup
-	// Normal Started Started container setup
+	// Normal Created Container created
+	// Normal Started Container started
 	// Normal Pulled Container image "busybox:1.36" already present on machine
-	// Normal Created Created container: app
-	// Normal Started Started container app
+	// Normal Created Container created
+	// Normal Started Container started
 	// Normal Pulled Container image "busybox:1.36" already present on machine
-	// Normal Created Created container: app
-	// Normal Started Started container app
+	// Normal Created Container created
+	// Normal Started Container started
 	// Warning BackOff Back-off restarting failed container app in pod web_default(1234)
 	// Normal Pulled Container image "busybox:1.36" already present on machine
-	// Normal Created Created container: app
-	// Normal Started Started container app
+	// Normal Created Container created
+	// Normal Started Container started
 	// Normal Killing Stopping container app
 }
 

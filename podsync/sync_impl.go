@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"strings"
+
 	"github.com/distribution/reference"
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc/status"
@@ -28,6 +30,7 @@ const (
 	EventInspectFailed          = "InspectFailed"
 	EventSandboxChanged         = "SandboxChanged"
 	EventFailedCreatePodSandBox = "FailedCreatePodSandBox"
+	EventFailedPodSandBoxStatus = "FailedPodSandBoxStatus"
 	EventFailedPostStartHook    = "FailedPostStartHook"
 	EventFailedPreStopHook      = "FailedPreStopHook"
 )
@@ -239,7 +242,7 @@ func (s *Syncer) createSandbox(ctx context.Context, pod *corev1.Pod, attempt uin
 	}
 	st, err := s.cfg.Runtime.PodSandboxStatus(ctx, id)
 	if err != nil {
-		s.event(pod, corev1.EventTypeWarning, "FailedStatusPodSandBox", "Unable to get pod sandbox status: %v", err)
+		s.event(pod, corev1.EventTypeWarning, EventFailedPodSandBoxStatus, "Unable to get pod sandbox status: %v", err)
 		return "", nil, fmt.Errorf("status of new sandbox %s of pod %s: %w", id, formatPod(pod), err)
 	}
 	v := &PodView{Sandboxes: []*runtimeapi.PodSandboxStatus{st}}
@@ -337,13 +340,13 @@ func (s *Syncer) startContainerSteps(ctx context.Context, pod *corev1.Pod, ctr *
 		s.event(ref, corev1.EventTypeWarning, EventFailed, "Error: %v", msg)
 		return failure(ErrCreateContainer, msg, "%s", what)
 	}
-	s.event(ref, corev1.EventTypeNormal, EventCreated, "Created container: %v", ctr.Name)
+	s.event(ref, corev1.EventTypeNormal, EventCreated, "Container created")
 	if err := s.cfg.Runtime.StartContainer(ctx, id); err != nil {
 		msg := grpcMessage(err)
 		s.event(ref, corev1.EventTypeWarning, EventFailed, "Error: %v", msg)
 		return failure(ErrRunContainer, msg, "%s", what)
 	}
-	s.event(ref, corev1.EventTypeNormal, EventStarted, "Started container %v", ctr.Name)
+	s.event(ref, corev1.EventTypeNormal, EventStarted, "Container started")
 
 	if ctr.Lifecycle != nil && ctr.Lifecycle.PostStart != nil {
 		msg, err := s.runHook(ctx, pod, ctr, id, podIPs, ctr.Lifecycle.PostStart)
@@ -394,8 +397,9 @@ func withDefaultTag(image string) (string, error) {
 	return image, nil
 }
 
-// ensureImage is the kubelet's EnsureImageExists: pull policy, image back-off
-// (key <pod UID>_<image>), events in the kubelet's words.
+// ensureImage is the kubelet's EnsureImageExists (v1.37.2): pull policy
+// precheck, image back-off (key <pod UID>_<image>) whose waiting message carries
+// the previous pull error, events in the kubelet's words.
 func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.Container, ref *corev1.ObjectReference, sbCfg *runtimeapi.PodSandboxConfig) (string, error) {
 	what := fmt.Sprintf("container %q of pod %s", ctr.Name, formatPod(pod))
 	image, err := withDefaultTag(ctr.Image)
@@ -408,23 +412,25 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	inspector, canInspect := s.cfg.Runtime.(ImageInspector)
 	puller, canPull := s.cfg.Runtime.(ImagePuller)
 
+	// Precheck: Always pulls whatever is present; the others look first. Without
+	// ImageStatus the image's presence is unknown: Never then reports
+	// ErrImageNeverPull, IfNotPresent leaves it to EnsureImage.
 	var present string
-	if canInspect {
+	if policy != corev1.PullAlways && canInspect {
 		img, err := inspector.ImageStatus(ctx, image)
 		if err != nil {
-			msg := fmt.Sprintf("Failed to inspect image %q: %v", ctr.Image, err)
+			// The kubelet prints the (empty) reference here, not the image.
+			msg := fmt.Sprintf("Failed to inspect image %q: %v", "", err)
 			s.event(ref, corev1.EventTypeWarning, EventInspectFailed, "%s", msg)
 			return "", failure(errImageInspect, msg, "%s", what)
 		}
 		present = img.GetId()
 	}
-	// Without ImageStatus the image's presence is unknown (present stays ""):
-	// Never then reports ErrImageNeverPull, IfNotPresent goes to EnsureImage.
-	if policy == corev1.PullNever || (present != "" && policy == corev1.PullIfNotPresent) {
-		if present != "" {
-			s.event(ref, corev1.EventTypeNormal, EventPulled, "Container image %q already present on machine", ctr.Image)
-			return present, nil
-		}
+	if present != "" {
+		s.event(ref, corev1.EventTypeNormal, EventPulled, "Container image %q already present on machine", ctr.Image)
+		return present, nil
+	}
+	if policy == corev1.PullNever {
 		msg := fmt.Sprintf("Container image %q is not present with pull policy of Never", ctr.Image)
 		s.event(ref, corev1.EventTypeWarning, EventErrImageNeverPull, "%s", msg)
 		return "", failure(ErrImageNeverPull, msg, "%s", what)
@@ -434,15 +440,25 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	if s.cfg.ImageBackoff.InBackoffSinceUpdate(key, s.cfg.Clock.Now()) {
 		msg := fmt.Sprintf("Back-off pulling image %q", ctr.Image)
 		s.event(ref, corev1.EventTypeNormal, EventBackOff, "%s", msg)
+		s.mu.Lock()
+		prev, ok := s.pullErrors[key]
+		s.mu.Unlock()
+		if ok {
+			msg = fmt.Sprintf("%s: %s", msg, prev)
+		}
 		return "", failure(ErrImagePullBackOff, msg, "%s", what)
 	}
+	s.mu.Lock()
+	delete(s.pullErrors, key)
+	s.mu.Unlock()
 
 	auths := []*runtimeapi.AuthConfig{nil}
 	if s.cfg.Credentials != nil {
 		list, err := s.cfg.Credentials.ImageAuth(ctx, pod, image)
 		if err != nil {
-			logr.FromContextOrDiscard(ctx).V(2).Info("Image credentials lookup failed, pulling anonymously", "image", ctr.Image, "err", err)
-		} else if len(list) > 0 {
+			return "", failure(ErrImagePull, err.Error(), "%s", what)
+		}
+		if len(list) > 0 {
 			auths = list
 		}
 	}
@@ -458,12 +474,11 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	var imageRef string
 	var pulled bool
 	for _, auth := range auths {
-		switch {
-		case canPull && (policy == corev1.PullAlways || canInspect):
+		if canPull && (policy == corev1.PullAlways || canInspect) {
 			announce()
 			imageRef, err = puller.PullImage(ctx, image, auth, sbCfg)
 			pulled = err == nil
-		default:
+		} else {
 			imageRef, pulled, err = s.cfg.Runtime.EnsureImage(ctx, image, auth, sbCfg)
 			if pulled || err != nil {
 				announce()
@@ -476,7 +491,11 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	if err != nil {
 		s.event(ref, corev1.EventTypeWarning, EventFailed, "Failed to pull image %q: %v", ctr.Image, err)
 		s.cfg.ImageBackoff.Next(key, s.cfg.Clock.Now())
-		return "", failure(ErrImagePull, err.Error(), "%s", what)
+		msg, reason := pullError(ctr.Image, err)
+		s.mu.Lock()
+		s.pullErrors[key] = fmt.Sprintf("%s: %s", reason, msg)
+		s.mu.Unlock()
+		return "", failure(reason, msg, "%s", what)
 	}
 	if !pulled {
 		s.event(ref, corev1.EventTypeNormal, EventPulled, "Container image %q already present on machine", ctr.Image)
@@ -493,6 +512,23 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 		ctr.Image, took, took, size)
 	s.cfg.ImageBackoff.GC()
 	return imageRef, nil
+}
+
+// pullError is the kubelet's evalCRIPullErr: runtimes that prefix their error
+// with RegistryUnavailable or SignatureValidationFailed (k8s.io/cri-api/pkg/errors)
+// get that reason and a sentence; anything else is ErrImagePull with the error's
+// text.
+func pullError(image string, err error) (message string, reason error) {
+	text := err.Error()
+	switch {
+	case strings.HasPrefix(text, ErrRegistryUnavailable.Error()):
+		return fmt.Sprintf("image pull failed for %s because the registry is unavailable%s",
+			image, strings.TrimPrefix(text, ErrRegistryUnavailable.Error())), ErrRegistryUnavailable
+	case strings.HasPrefix(text, ErrSignatureValidationFailed.Error()):
+		return fmt.Sprintf("image pull failed for %s because the signature validation failed%s",
+			image, strings.TrimPrefix(text, ErrSignatureValidationFailed.Error())), ErrSignatureValidationFailed
+	}
+	return text, ErrImagePull
 }
 
 // errImageInspect is the kubelet's ImageInspectError.

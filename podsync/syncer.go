@@ -60,6 +60,9 @@ type Syncer struct {
 
 	mu      sync.Mutex
 	waiting map[types.UID]map[string]Waiting
+	// pullErrors keeps the last pull failure per image back-off key, for the
+	// ImagePullBackOff message.
+	pullErrors map[string]string
 }
 
 // New validates cfg and returns a Syncer.
@@ -100,7 +103,7 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.MinGracePeriod == 0 {
 		cfg.MinGracePeriod = minimumGracePeriod
 	}
-	return &Syncer{cfg: cfg, started: cfg.Clock.Now(), waiting: map[types.UID]map[string]Waiting{}}, nil
+	return &Syncer{cfg: cfg, started: cfg.Clock.Now(), waiting: map[types.UID]map[string]Waiting{}, pullErrors: map[string]string{}}, nil
 }
 
 // minimumGracePeriod is the kubelet's floor for a container's stop grace.

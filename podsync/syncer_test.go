@@ -126,9 +126,12 @@ func TestSyncPodStartsPodWithEvents(t *testing.T) {
 	assert.Equal(t, []string{"RunPodSandbox(web)", "CreateContainer(app)", "StartContainer(" + e.rt.ContainerByName("app").Id + ")"}, e.rt.CallNames())
 	assert.Equal(t, []string{
 		`Normal Pulled Container image "busybox:1.36" already present on machine`,
-		"Normal Created Created container: app",
-		"Normal Started Started container app",
+		"Normal Created Container created",
+		"Normal Started Container started",
 	}, e.events.Strings())
+	for _, ev := range e.events.Events() {
+		assert.Equal(t, "spec.containers{app}", ev.FieldPath, "container events are about the container")
+	}
 
 	s := e.status(pod)
 	assert.Equal(t, corev1.PodRunning, s.Phase)
@@ -260,7 +263,9 @@ func TestSyncPodImagePullFailureAndBackOff(t *testing.T) {
 	require.ErrorIs(t, e.sync(pod).Error(), podsync.ErrImagePullBackOff)
 	assert.Equal(t, []string{`Normal BackOff Back-off pulling image "registry.example/missing:1"`, "Warning Failed Error: ImagePullBackOff"}, e.events.Strings())
 	app = statusOf(t, e.status(pod).ContainerStatuses, "app")
-	assert.Equal(t, &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: `Back-off pulling image "registry.example/missing:1"`}, app.State.Waiting)
+	assert.Equal(t, "ImagePullBackOff", app.State.Waiting.Reason)
+	assert.True(t, strings.HasPrefix(app.State.Waiting.Message, `Back-off pulling image "registry.example/missing:1": ErrImagePull: rpc error: code = NotFound`),
+		"the back-off message carries the last pull error: %s", app.State.Waiting.Message)
 
 	// After the back-off the pull is tried again, and now the image exists.
 	e.rt.SetPullable("registry.example/missing:1", true)
@@ -355,8 +360,8 @@ func TestSyncPodPostStartHookFailure(t *testing.T) {
 	require.ErrorIs(t, res.Error(), podsync.ErrPostStartHook)
 	assert.Equal(t, []string{
 		`Normal Pulled Container image "busybox:1.36" already present on machine`,
-		"Normal Created Created container: app",
-		"Normal Started Started container app",
+		"Normal Created Container created",
+		"Normal Started Container started",
 		"Warning FailedPostStartHook PostStartHook failed",
 		"Normal Killing FailedPostStartHook",
 	}, e.events.Strings())

@@ -84,9 +84,12 @@ func (b *Builder) ContainerConfig(_ context.Context, pod *corev1.Pod, c *corev1.
 	}, nil
 }
 
-// Event is one recorded event.
+// Event is one recorded event. FieldPath is the container the event is about
+// ("spec.containers{app}", as the kubelet's container references carry it), or
+// "" for events about the pod.
 type Event struct {
 	Type, Reason, Message string
+	FieldPath             string
 }
 
 // String returns "Type Reason Message", the shape of client-go's FakeRecorder.
@@ -99,10 +102,14 @@ type Recorder struct {
 }
 
 // Eventf records an event.
-func (r *Recorder) Eventf(_ runtime.Object, eventType, reason, messageFmt string, args ...any) {
+func (r *Recorder) Eventf(obj runtime.Object, eventType, reason, messageFmt string, args ...any) {
+	var field string
+	if ref, ok := obj.(*corev1.ObjectReference); ok {
+		field = ref.FieldPath
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.events = append(r.events, Event{Type: eventType, Reason: reason, Message: fmt.Sprintf(messageFmt, args...)})
+	r.events = append(r.events, Event{Type: eventType, Reason: reason, Message: fmt.Sprintf(messageFmt, args...), FieldPath: field})
 }
 
 // Events returns the events recorded so far.
@@ -117,6 +124,16 @@ func (r *Recorder) Strings() []string {
 	var out []string
 	for _, e := range r.Events() {
 		out = append(out, e.String())
+	}
+	return out
+}
+
+// WithFields returns the events as "FieldPath: Type Reason Message" strings, the
+// shape kubectl describe prints them in.
+func (r *Recorder) WithFields() []string {
+	var out []string
+	for _, e := range r.Events() {
+		out = append(out, e.FieldPath+": "+e.String())
 	}
 	return out
 }
