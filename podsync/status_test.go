@@ -468,3 +468,25 @@ func TestPodStatusAfterAgentRestart(t *testing.T) {
 	s = PodStatus(pod, v, StatusInput{Now: agentStart})
 	assert.False(t, ctrStatus(t, s.ContainerStatuses, "side").Ready)
 }
+
+func TestPodStatusKeepsInitializedAndRestartHistory(t *testing.T) {
+	pod := testPod(withInits("i1"))
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodInitialized, Status: corev1.ConditionTrue}}
+	// The runtime lost everything of the current sandbox but a fresh init attempt.
+	v := view(ready(), cs{name: "i1", id: "x", state: running})
+	s := PodStatus(pod, v, StatusInput{Now: t0})
+	assert.Equal(t, "True//", condSummary(s)[corev1.PodInitialized], "once initialized, stays so (RestartAllContainersOnContainerExits)")
+
+	// Older attempts garbage-collected: restart count and last termination come
+	// from the old status.
+	pod = testPod()
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name: "app", ContainerID: "containerd://old", RestartCount: 6,
+		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 2, Reason: "Error"}},
+	}}
+	v = view(ready(), cs{name: "app", id: "new", state: running, restarts: 6}, cs{name: "side", id: "b", state: running})
+	app := ctrStatus(t, PodStatus(pod, v, StatusInput{Now: t0}).ContainerStatuses, "app")
+	assert.EqualValues(t, 7, app.RestartCount, "running again after a recorded termination")
+	require.NotNil(t, app.LastTerminationState.Terminated)
+	assert.EqualValues(t, 2, app.LastTerminationState.Terminated.ExitCode)
+}
