@@ -142,9 +142,8 @@ func hookRequest(ctx context.Context, g *corev1.HTTPGetAction, ctr *corev1.Conta
 	} else if req.Header.Get("Accept") == "" {
 		req.Header.Del("Accept")
 	}
-	if h := req.Header.Get("Host"); h != "" {
-		req.Host = h
-	}
+	// As the kubelet: the Host header, or "" (the URL's host goes on the wire).
+	req.Host = req.Header.Get("Host")
 	return req, nil
 }
 

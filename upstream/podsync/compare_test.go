@@ -9,7 +9,10 @@ package podsync_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,12 +21,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
 	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
 	"k8s.io/kubernetes/pkg/kubelet/events"
 	"k8s.io/kubernetes/pkg/kubelet/images"
 	"k8s.io/kubernetes/pkg/kubelet/kuberuntime"
+	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 	"k8s.io/kubernetes/pkg/kubelet/status"
 	"k8s.io/utils/ptr"
 
@@ -280,10 +285,7 @@ func TestConditionsMatchKubelet(t *testing.T) {
 			old := tc.pod.Status
 			got := podsync.PodStatus(tc.pod, tc.view, podsync.StatusInput{Now: now, Probes: probes})
 			all := append(append([]corev1.ContainerStatus{}, got.InitContainerStatuses...), got.ContainerStatuses...)
-			conds := []corev1.PodCondition{}
-			for _, c := range old.Conditions {
-				conds = append(conds, c)
-			}
+			conds := append([]corev1.PodCondition{}, old.Conditions...)
 			kstatus := &kubecontainer.PodStatus{ID: "uid-1", SandboxStatuses: tc.view.Sandboxes}
 			want := []corev1.PodCondition{
 				status.GeneratePodReadyToStartContainersCondition(tc.pod, &old, kstatus),
@@ -306,6 +308,73 @@ func TestConditionsMatchKubelet(t *testing.T) {
 					t.Errorf("%s: got %s/%s/%q gen %d, kubelet %s/%s/%q gen %d", w.Type,
 						g.Status, g.Reason, g.Message, g.ObservedGeneration, w.Status, w.Reason, w.Message, w.ObservedGeneration)
 				}
+			}
+		})
+	}
+}
+
+// captureDoer records requests and answers 204.
+type captureDoer struct {
+	mu   sync.Mutex
+	reqs []*http.Request
+}
+
+func (d *captureDoer) Do(req *http.Request) (*http.Response, error) {
+	d.mu.Lock()
+	d.reqs = append(d.reqs, req)
+	d.mu.Unlock()
+	return &http.Response{StatusCode: http.StatusNoContent, Body: io.NopCloser(strings.NewReader(""))}, nil
+}
+
+// TestHTTPHookRequestsMatchKubelet runs httpGet lifecycle handlers through the
+// kubelet's own handler runner and through a Syncer's postStart, and compares
+// the requests they send.
+func TestHTTPHookRequestsMatchKubelet(t *testing.T) {
+	ctr := corev1.Container{Name: "app", Image: "busybox:1.36", ImagePullPolicy: corev1.PullIfNotPresent,
+		Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}
+	handlers := []*corev1.HTTPGetAction{
+		{Host: "10.1.2.3", Port: intstr.FromInt32(80), Path: "/hook"},
+		{Host: "10.1.2.3", Port: intstr.FromString("http"), Path: "started?x=1&y=2"},
+		{Host: "10.1.2.3", Port: intstr.FromString("9090"), Path: "/a%20b", Scheme: corev1.URISchemeHTTPS},
+		{Host: "fd00::7", Port: intstr.FromInt32(80), HTTPHeaders: []corev1.HTTPHeader{
+			{Name: "X-Hook", Value: "1"}, {Name: "X-Hook", Value: "2"}, {Name: "Host", Value: "svc.example"}, {Name: "Accept", Value: ""}}},
+		{Host: "10.1.2.3", Port: intstr.FromInt32(80), HTTPHeaders: []corev1.HTTPHeader{{Name: "User-Agent", Value: "mine"}, {Name: "Accept", Value: "text/plain"}}},
+	}
+	for i, h := range handlers {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", UID: "uid-1"},
+				Spec: corev1.PodSpec{HostNetwork: true, Containers: []corev1.Container{ctr}}}
+			pod.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PostStart: &corev1.LifecycleHandler{HTTPGet: h}}
+
+			up := &captureDoer{}
+			runner := lifecycle.NewHandlerRunner(up, nil, nil, nil)
+			if _, err := runner.Run(context.Background(), kubecontainer.ContainerID{Type: "containerd", ID: "x"}, pod, &pod.Spec.Containers[0], pod.Spec.Containers[0].Lifecycle.PostStart); err != nil {
+				t.Fatalf("kubelet's handler: %v", err)
+			}
+
+			ours := &captureDoer{}
+			rt := podsynctest.New(nil)
+			rt.AddImage("busybox:1.36")
+			s, err := podsync.New(podsync.Config{Runtime: rt, Builder: &podsynctest.Builder{}, HTTP: ours})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.SyncPod(context.Background(), pod, nil).Error(); err != nil {
+				t.Fatal(err)
+			}
+			if len(up.reqs) != 1 || len(ours.reqs) != 1 {
+				t.Fatalf("requests: kubelet %d, podsync %d", len(up.reqs), len(ours.reqs))
+			}
+			want, got := up.reqs[0], ours.reqs[0]
+			// A test binary has no version stamp: upstream says "kube-lifecycle/.".
+			if want.Header.Get("User-Agent") == "kube-lifecycle/." {
+				want.Header.Set("User-Agent", podsync.HookUserAgent)
+			}
+			if got.Method != want.Method || got.URL.String() != want.URL.String() || got.Host != want.Host {
+				t.Errorf("request %s %s (host %q), kubelet's %s %s (host %q)", got.Method, got.URL, got.Host, want.Method, want.URL, want.Host)
+			}
+			if fmt.Sprint(got.Header) != fmt.Sprint(want.Header) {
+				t.Errorf("headers %v, kubelet's %v", got.Header, want.Header)
 			}
 		})
 	}
