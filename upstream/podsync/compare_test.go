@@ -8,6 +8,7 @@ package podsync_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -331,11 +332,13 @@ func (d *captureDoer) Do(req *http.Request) (*http.Response, error) {
 // the requests they send.
 func TestHTTPHookRequestsMatchKubelet(t *testing.T) {
 	ctr := corev1.Container{Name: "app", Image: "busybox:1.36", ImagePullPolicy: corev1.PullIfNotPresent,
-		Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}
+		Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "https", ContainerPort: 8443}}}
 	handlers := []*corev1.HTTPGetAction{
 		{Host: "10.1.2.3", Port: intstr.FromInt32(80), Path: "/hook"},
 		{Host: "10.1.2.3", Port: intstr.FromString("http"), Path: "started?x=1&y=2"},
-		{Host: "10.1.2.3", Port: intstr.FromString("9090"), Path: "/a%20b", Scheme: corev1.URISchemeHTTPS},
+		{Host: "10.1.2.3", Port: intstr.FromString("https"), Path: "/a%20b", Scheme: corev1.URISchemeHTTPS},
+		{Host: "10.1.2.3", Port: intstr.FromString("9090"), Path: "/no-such-port"},
+		{Host: "10.1.2.3", Port: intstr.FromInt32(70000), Path: "/bad-port"},
 		{Host: "fd00::7", Port: intstr.FromInt32(80), HTTPHeaders: []corev1.HTTPHeader{
 			{Name: "X-Hook", Value: "1"}, {Name: "X-Hook", Value: "2"}, {Name: "Host", Value: "svc.example"}, {Name: "Accept", Value: ""}}},
 		{Host: "10.1.2.3", Port: intstr.FromInt32(80), HTTPHeaders: []corev1.HTTPHeader{{Name: "User-Agent", Value: "mine"}, {Name: "Accept", Value: "text/plain"}}},
@@ -348,9 +351,7 @@ func TestHTTPHookRequestsMatchKubelet(t *testing.T) {
 
 			up := &captureDoer{}
 			runner := lifecycle.NewHandlerRunner(up, nil, nil, nil)
-			if _, err := runner.Run(context.Background(), kubecontainer.ContainerID{Type: "containerd", ID: "x"}, pod, &pod.Spec.Containers[0], pod.Spec.Containers[0].Lifecycle.PostStart); err != nil {
-				t.Fatalf("kubelet's handler: %v", err)
-			}
+			upMsg, upErr := runner.Run(context.Background(), kubecontainer.ContainerID{Type: "containerd", ID: "x"}, pod, &pod.Spec.Containers[0], pod.Spec.Containers[0].Lifecycle.PostStart)
 
 			ours := &captureDoer{}
 			rt := podsynctest.New(nil)
@@ -359,7 +360,18 @@ func TestHTTPHookRequestsMatchKubelet(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := s.SyncPod(context.Background(), pod, nil).Error(); err != nil {
+			res := s.SyncPod(context.Background(), pod, nil)
+			if upErr != nil {
+				// The hook fails in both; the container's waiting message is the kubelet's.
+				if !errors.Is(res.Error(), podsync.ErrPostStartHook) {
+					t.Fatalf("kubelet's hook failed (%v) but podsync's did not: %v", upErr, res.Error())
+				}
+				if got := podsync.Message(res.Steps[len(res.Steps)-1].Err); got != upMsg {
+					t.Errorf("message %q, kubelet's %q", got, upMsg)
+				}
+				return
+			}
+			if err := res.Error(); err != nil {
 				t.Fatal(err)
 			}
 			if len(up.reqs) != 1 || len(ours.reqs) != 1 {
