@@ -666,6 +666,10 @@ func (s *Syncer) killPod(ctx context.Context, pod *corev1.Pod, view *PodView, ov
 	for _, v := range running {
 		done[v.name] = make(chan struct{})
 	}
+	appNames := map[string]bool{}
+	for i := range pod.Spec.Containers {
+		appNames[pod.Spec.Containers[i].Name] = true
+	}
 	sidecarIndex := map[string]int{}
 	for i := range pod.Spec.InitContainers {
 		if IsRestartableInitContainer(&pod.Spec.InitContainers[i]) {
@@ -681,7 +685,9 @@ func (s *Syncer) killPod(ctx context.Context, pod *corev1.Pod, view *PodView, ov
 			timeout := s.cfg.Clock.After(remaining)
 			for _, other := range running {
 				oi, otherSidecar := sidecarIndex[other.name]
-				if other.name == name || (otherSidecar && oi < idx) {
+				// App containers, and the sidecars started after this one; not
+				// regular init containers (newTerminationOrdering).
+				if other.name == name || (otherSidecar && oi < idx) || (!otherSidecar && !appNames[other.name]) {
 					continue
 				}
 				select {
