@@ -261,13 +261,14 @@ func (s *Syncer) purgeInitContainers(ctx context.Context, pod *corev1.Pod, view 
 	}
 }
 
-// pruneInitContainers keeps the newest exited attempt of each init container
-// and removes older exited ones.
+// pruneInitContainers keeps the newest exited (or unknown) attempt of each init
+// container and removes older ones (pruneInitContainersBeforeStart). Their log
+// files are the agent's to remove.
 func (s *Syncer) pruneInitContainers(ctx context.Context, pod *corev1.Pod, view *PodView) {
 	for i := range pod.Spec.InitContainers {
 		kept := false
 		for _, c := range view.Attempts(pod.Spec.InitContainers[i].Name) {
-			if c.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+			if st := c.GetState(); st != runtimeapi.ContainerState_CONTAINER_EXITED && st != runtimeapi.ContainerState_CONTAINER_UNKNOWN {
 				continue
 			}
 			if !kept {
