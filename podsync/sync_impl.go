@@ -756,7 +756,15 @@ func (s *Syncer) removePod(ctx context.Context, uid types.UID) error {
 	if len(errs) == 0 {
 		s.mu.Lock()
 		delete(s.waiting, uid)
+		for key := range s.pullErrors {
+			if strings.HasPrefix(key, string(uid)+"_") {
+				delete(s.pullErrors, key)
+			}
+		}
 		s.mu.Unlock()
 	}
+	// The kubelet collects expired back-off entries on its housekeeping pass.
+	s.cfg.Backoff.GC()
+	s.cfg.ImageBackoff.GC()
 	return errors.Join(errs...)
 }

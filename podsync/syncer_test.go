@@ -550,12 +550,16 @@ func TestHTTPGetHook(t *testing.T) {
 
 func TestRemovePod(t *testing.T) {
 	e := newEnv(t)
-	pod := newPod()
-	require.NoError(t, e.sync(pod).Error())
+	pod := newPod(func(p *corev1.Pod) {
+		p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "bad", Image: "nowhere:1", ImagePullPolicy: corev1.PullIfNotPresent})
+	})
+	require.Error(t, e.sync(pod).Error())
+	assert.Equal(t, "ErrImagePull", reasonOf(statusOf(t, e.status(pod).ContainerStatuses, "bad")))
 	require.NoError(t, e.syncer.KillPod(context.Background(), pod, nil, nil).Error())
 	require.NoError(t, e.syncer.RemovePod(context.Background(), pod.UID))
 	assert.Empty(t, e.rt.Sandboxes())
 	assert.Empty(t, e.rt.Containers())
+	assert.Equal(t, "ContainerCreating", reasonOf(statusOf(t, e.status(pod).ContainerStatuses, "bad")), "recorded failures are forgotten")
 }
 
 func TestSyncPodRejectsInvalidPod(t *testing.T) {
