@@ -490,3 +490,29 @@ func TestPodStatusKeepsInitializedAndRestartHistory(t *testing.T) {
 	require.NotNil(t, app.LastTerminationState.Terminated)
 	assert.EqualValues(t, 2, app.LastTerminationState.Terminated.ExitCode)
 }
+
+func TestTerminationMessageReadsOnlyTheTail(t *testing.T) {
+	dir := t.TempDir()
+	logPath := dir + "/0.log"
+	var log strings.Builder
+	for i := 0; i < 20000; i++ { // about 1 MiB of log
+		fmt.Fprintf(&log, "2026-12-03T06:00:00.000000000Z stdout F line %05d %s\n", i, strings.Repeat("y", 10))
+	}
+	require.NoError(t, os.WriteFile(logPath, []byte(log.String()), 0o644))
+	msgPath := dir + "/msg"
+	require.NoError(t, os.WriteFile(msgPath, []byte(strings.Repeat("m", 5000)+"END"), 0o644))
+	c := &runtimeapi.ContainerStatus{
+		State: runtimeapi.ContainerState_CONTAINER_EXITED, ExitCode: 1, LogPath: logPath,
+		Annotations: map[string]string{AnnotationTerminationMessagePath: "/dev/termination-log", AnnotationTerminationMessagePolicy: string(corev1.TerminationMessageFallbackToLogsOnError)},
+		Mounts:      []*runtimeapi.Mount{{ContainerPath: "/dev/termination-log", HostPath: msgPath}},
+	}
+	got := TerminationMessage(c, OSFiles{})
+	assert.Len(t, got, MaxTerminationMessageLength)
+	assert.True(t, strings.HasSuffix(got, "END"))
+
+	require.NoError(t, os.WriteFile(msgPath, nil, 0o644))
+	got = TerminationMessage(c, OSFiles{})
+	want := lastLogText([]byte(log.String())) // the whole file, the slow way
+	assert.Equal(t, want, got, "the tail window gives the same message as the whole log")
+	assert.True(t, strings.HasSuffix(got, "line 19999 yyyyyyyyyy\n"))
+}
