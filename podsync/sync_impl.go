@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -474,6 +475,7 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	}
 	var imageRef string
 	var pulled bool
+	var pullErrs []error
 	for _, auth := range auths {
 		if canPull && (policy == corev1.PullAlways || canInspect) {
 			announce()
@@ -488,8 +490,12 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 		if err == nil {
 			break
 		}
+		pullErrs = append(pullErrs, err)
 	}
 	if err != nil {
+		// Every credential failed: the kubelet reports them all (one error prints
+		// as itself, several as [e1, e2]).
+		err = utilerrors.NewAggregate(pullErrs)
 		s.event(ref, corev1.EventTypeWarning, EventFailed, "Failed to pull image %q: %v", ctr.Image, err)
 		s.cfg.ImageBackoff.Next(key, s.cfg.Clock.Now())
 		msg, reason := pullError(ctr.Image, err)

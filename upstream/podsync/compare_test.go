@@ -8,6 +8,7 @@ package podsync_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -25,12 +26,15 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
+	"k8s.io/kubernetes/pkg/credentialprovider"
+	credsecrets "k8s.io/kubernetes/pkg/credentialprovider/secrets"
 	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
 	"k8s.io/kubernetes/pkg/kubelet/events"
 	"k8s.io/kubernetes/pkg/kubelet/images"
 	"k8s.io/kubernetes/pkg/kubelet/kuberuntime"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 	"k8s.io/kubernetes/pkg/kubelet/status"
+	"k8s.io/kubernetes/pkg/util/parsers"
 	"k8s.io/utils/ptr"
 
 	"github.com/nodekit-dev/nodekit/podsync"
@@ -389,5 +393,57 @@ func TestHTTPHookRequestsMatchKubelet(t *testing.T) {
 				t.Errorf("headers %v, kubelet's %v", got.Header, want.Header)
 			}
 		})
+	}
+}
+
+// TestPullSecretKeyringMatchesKubelet builds the kubelet's keyring from the same
+// image pull secrets and compares the credentials each image gets, in order.
+func TestPullSecretKeyringMatchesKubelet(t *testing.T) {
+	b64 := base64.StdEncoding.EncodeToString([]byte("alice:s3cret"))
+	unpadded := base64.RawStdEncoding.EncodeToString([]byte("carol:x"))
+	secrets := []corev1.Secret{
+		{ObjectMeta: metav1.ObjectMeta{Name: "one", Namespace: "default"}, Type: corev1.SecretTypeDockerConfigJson,
+			Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths": {
+				"registry.example.com": {"username": "bob", "password": "pw"},
+				"https://registry.example.com/team/": {"auth": "` + b64 + `"},
+				"http://registry.example.com/v2/team/app": {"auth": "` + unpadded + `"},
+				"*.corp.example": {"username": "corp", "password": "c"},
+				"https://index.docker.io/v1/": {"username": "hub", "password": "h"},
+				"127.0.0.1:5000": {"username": "local", "password": "l"}}}`)}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "legacy", Namespace: "default"}, Type: corev1.SecretTypeDockercfg,
+			Data: map[string][]byte{corev1.DockerConfigKey: []byte(`{"quay.io": {"username": "q", "password": "qq"}, "registry.example.com": {"username": "dup", "password": "d"}}`)}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "opaque", Namespace: "default"}, Type: corev1.SecretTypeOpaque, Data: map[string][]byte{"x": []byte("y")}},
+	}
+	theirs, err := credsecrets.MakeDockerKeyring(secrets, &credentialprovider.BasicDockerKeyring{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, err := podsync.PullSecretsKeyring(secrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, image := range []string{
+		"registry.example.com/team/app:1", "registry.example.com/team/other", "registry.example.com/other:1",
+		"eu.corp.example/x:1", "a.eu.corp.example/x:1", "busybox", "busybox:1.36", "docker.io/library/busybox:1.36",
+		"library/busybox", "127.0.0.1:5000/nodekit/busybox", "127.0.0.1:5001/nodekit/busybox",
+		"quay.io/prometheus/node:1", "ghcr.io/x/y:1", "localhost/x", "registry.example.com:443/x",
+	} {
+		// The kubelet looks up the repository of the image with its default tag.
+		repo, _, _, err := parsers.ParseImageName(image)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := theirs.Lookup(repo)
+		got := ours.Lookup(image)
+		var w, g []string
+		for _, c := range want {
+			w = append(w, c.Username+":"+c.Password)
+		}
+		for _, c := range got {
+			g = append(g, c.Username+":"+c.Password)
+		}
+		if fmt.Sprint(w) != fmt.Sprint(g) {
+			t.Errorf("%s: credentials %v, kubelet's %v", image, g, w)
+		}
 	}
 }
