@@ -24,10 +24,10 @@ type proxierHealth struct {
 }
 
 type proxyHealth struct {
-	LastUpdated  time.Time                      `json:"lastUpdated"`
-	CurrentTime  time.Time                      `json:"currentTime"`
-	NodeEligible *bool                          `json:"nodeEligible,omitempty"`
-	Healthy      bool                           `json:"healthy"`
+	LastUpdated  time.Time                     `json:"lastUpdated"`
+	CurrentTime  time.Time                     `json:"currentTime"`
+	NodeEligible *bool                         `json:"nodeEligible,omitempty"`
+	Healthy      bool                          `json:"healthy"`
 	Status       map[v1.IPFamily]proxierHealth `json:"status,omitempty"`
 }
 

@@ -119,10 +119,10 @@ func registerMetrics() {
 // trackerMetrics adapts servicemap.Metrics to the upstream counters.
 type trackerMetrics struct{}
 
-func (trackerMetrics) ServiceChange()                { serviceChangesTotal.Inc() }
-func (trackerMetrics) EndpointSliceChange()          { endpointChangesTotal.Inc() }
-func (trackerMetrics) InvalidObject(kind string)     { invalidObjectsTotal.WithLabelValues(kind).Inc() }
-func (trackerMetrics) PendingServices(n int)         { serviceChangesPending.Set(float64(n)) }
+func (trackerMetrics) ServiceChange()                     { serviceChangesTotal.Inc() }
+func (trackerMetrics) EndpointSliceChange()               { endpointChangesTotal.Inc() }
+func (trackerMetrics) InvalidObject(kind string)          { invalidObjectsTotal.WithLabelValues(kind).Inc() }
+func (trackerMetrics) PendingServices(n int)              { serviceChangesPending.Set(float64(n)) }
 func (trackerMetrics) Consumed(_, _ int, _ time.Duration) {}
 
 // rulesMetrics adapts rules.Metrics: a refused transaction counts as upstream's
