@@ -128,6 +128,15 @@ func runAgent(ctx context.Context, o *options) error {
 
 	nm := newNodeWatch(client, nodeName, cfg.ConfigSyncPeriod.Duration)
 	goRun("node informer", nm.run)
+	health := newHealthServer(clock.RealClock{}, 2*syncPeriod, nm.get)
+	if cfg.HealthzBindAddress != "" {
+		goRun("healthz server", func(ctx context.Context) error {
+			return serveHTTP(ctx, logger, "healthz", cfg.HealthzBindAddress, health.handler())
+		})
+	}
+	goRun("metrics server", func(ctx context.Context) error {
+		return serveHTTP(ctx, logger, "metrics", cfg.MetricsBindAddress, metricsHandler(string(cfg.Mode)))
+	})
 	node := nm.waitForIPs(ctx, logger, 30*time.Second)
 
 	syncer, conntrack, err := newSyncer(ctx, cfg, node, do)
@@ -135,7 +144,6 @@ func runAgent(ctx context.Context, o *options) error {
 		return err
 	}
 
-	health := newHealthServer(clock.RealClock{}, 2*syncPeriod, nm.get)
 	tracker := servicemap.NewTracker(servicemap.Config{Logger: logger, Metrics: trackerMetrics{}})
 	smNode := servicemap.Node{Name: nodeName}
 	if node != nil {
@@ -155,14 +163,6 @@ func runAgent(ctx context.Context, o *options) error {
 		return err
 	}
 
-	if cfg.HealthzBindAddress != "" {
-		goRun("healthz server", func(ctx context.Context) error {
-			return serveHTTP(ctx, logger, "healthz", cfg.HealthzBindAddress, health.handler())
-		})
-	}
-	goRun("metrics server", func(ctx context.Context) error {
-		return serveHTTP(ctx, logger, "metrics", cfg.MetricsBindAddress, metricsHandler(string(cfg.Mode)))
-	})
 	goRun("service watcher", watcher.Run)
 	goRun("sync loop", px.Run)
 	go func() {
