@@ -56,7 +56,7 @@ func TestMain(m *testing.M) {
 }
 
 // writeKubeconfig turns a rest.Config into a kubeconfig file for the binary.
-func writeKubeconfig(t *testing.T, rc *rest.Config) string {
+func writeKubeconfig(t testing.TB, rc *rest.Config) string {
 	t.Helper()
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: rc.Host, CertificateAuthority: rc.CAFile, CertificateAuthorityData: rc.CAData}
