@@ -8,6 +8,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nodekit-dev/nodekit/rules"
 	"github.com/nodekit-dev/nodekit/servicemap"
@@ -24,6 +25,9 @@ type converted struct {
 	// noLocalInternal / noLocalExternal: a Local policy found no local endpoint while
 	// the service has endpoints elsewhere (upstream's no_local_endpoints counts).
 	noLocalInternal, noLocalExternal bool
+	// healthCheckNodePort and localReady feed the service health servers.
+	healthCheckNodePort uint16
+	localReady          []netip.Addr
 	// policyApprox names the traffic policy that could not be honoured exactly
 	// (empty when it was); the port is written with Cluster endpoints.
 	policyApprox string
@@ -157,6 +161,33 @@ func (c *converter) noLocal() (internal, external int) {
 	return internal, external
 }
 
+// healthChecks returns, per Service with a healthCheckNodePort, that port and
+// the number of distinct local ready endpoint addresses (upstream's
+// HealthCheckNodePorts and LocalReadyEndpoints).
+func (c *converter) healthChecks() (map[types.NamespacedName]uint16, map[types.NamespacedName]int) {
+	ports := map[types.NamespacedName]uint16{}
+	ips := map[types.NamespacedName]map[netip.Addr]bool{}
+	for n, cv := range c.ports {
+		if cv.healthCheckNodePort == 0 {
+			continue
+		}
+		ports[n.NamespacedName] = cv.healthCheckNodePort
+		set := ips[n.NamespacedName]
+		if set == nil {
+			set = map[netip.Addr]bool{}
+			ips[n.NamespacedName] = set
+		}
+		for _, a := range cv.localReady {
+			set[a] = true
+		}
+	}
+	local := make(map[types.NamespacedName]int, len(ips))
+	for nn, set := range ips {
+		local[nn] = len(set)
+	}
+	return ports, local
+}
+
 // convertPort turns one service port into IPv4 rules. ok is false when the
 // Service has no IPv4 cluster IP (the IPv4 proxier does not know it).
 func convertPort(sp *servicemap.ServicePort, node servicemap.Node) (cv *converted, ok bool) {
@@ -179,6 +210,13 @@ func convertPort(sp *servicemap.ServicePort, node servicemap.Node) (cv *converte
 	}}
 	if sp.SessionAffinity == v1.ServiceAffinityClientIP {
 		cv.svc.AffinityTimeout = time.Duration(sp.StickyMaxAgeSeconds) * time.Second
+	}
+	cv.healthCheckNodePort = uint16(sp.HealthCheckNodePort)
+	for i := range sp.Endpoints {
+		e := &sp.Endpoints[i]
+		if e.Addr.Is4() && e.IsReady() && node.Name != "" && e.NodeName() == node.Name {
+			cv.localReady = append(cv.localReady, e.Addr)
+		}
 	}
 	external := sp.ExternallyAccessible()
 	cv.noLocalInternal = sp.InternalPolicyLocal && sel.HasAnyEndpoints && len(sel.Local) == 0

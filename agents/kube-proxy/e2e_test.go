@@ -357,9 +357,32 @@ func testAgentMode(t *testing.T, cp *controlplane.ControlPlane, mode string) {
 	assert.Zero(t, got[""], "NodePort failures: %v", got)
 	assert.Len(t, got, 3, "NodePort spread: %v", got)
 
+	var conn net.Conn
+	// A LoadBalancer Service with externalTrafficPolicy Local gets a health check
+	// server on its healthCheckNodePort, counting this node's ready endpoints.
+	lb := c.service("lb", "web", corev1.ServiceTypeLoadBalancer, corev1.ProtocolTCP, 8082)
+	lb.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	lb, err := c.client.CoreV1().Services(c.ns).Update(context.Background(), lb, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	require.NotZero(t, lb.Spec.HealthCheckNodePort)
+	hcURL := "http://" + net.JoinHostPort(c.env.NodeIP.String(), strconv.Itoa(int(lb.Spec.HealthCheckNodePort))) + "/"
+	var hcBody string
+	require.Eventually(t, func() bool {
+		resp, err := c.env.Client.HTTPClient(time.Second).Get(hcURL)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		hcBody = string(b)
+		return resp.StatusCode == http.StatusOK
+	}, 30*time.Second, 50*time.Millisecond, "health check node port never answered 200: %s", hcBody)
+	assert.Contains(t, hcBody, `"localEndpoints": 3,`)
+	assert.Contains(t, hcBody, `"name": "lb"`)
+
 	// A Service without endpoints is rejected: connection refused, at once.
 	t0 := time.Now()
-	conn, err := pods[3].Dial(context.Background(), "tcp", net.JoinHostPort(empty.Spec.ClusterIP, "80"))
+	conn, err = pods[3].Dial(context.Background(), "tcp", net.JoinHostPort(empty.Spec.ClusterIP, "80"))
 	if conn != nil {
 		conn.Close()
 	}
@@ -472,5 +495,114 @@ func removeAddress(t *testing.T, p *netns.Pod) {
 	require.NoError(t, err)
 	for _, a := range addrs {
 		require.NoError(t, h.AddrDel(link, &a))
+	}
+}
+
+// setReady flips a Pod's Ready condition, as a kubelet's readiness probe would.
+func (c *cluster) setReady(name string, ready bool) {
+	c.t.Helper()
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	require.NoError(c.t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p, err := c.client.CoreV1().Pods(c.ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for i := range p.Status.Conditions {
+			if p.Status.Conditions[i].Type == corev1.PodReady || p.Status.Conditions[i].Type == corev1.ContainersReady {
+				p.Status.Conditions[i].Status = status
+			}
+		}
+		_, err = c.client.CoreV1().Pods(c.ns).UpdateStatus(context.Background(), p, metav1.UpdateOptions{})
+		return err
+	}))
+}
+
+// TestAgentSyncsUnderTrafficAndAPIRestart: 100 syncs, each changing the
+// endpoints of the Service being used, under non-stop traffic with no failed
+// request; then the API server goes away (the rules stay and keep serving) and
+// comes back (the agent resyncs and a new change reaches the kernel).
+func TestAgentSyncsUnderTrafficAndAPIRestart(t *testing.T) {
+	testenv.RequireLong(t)
+	testenv.RequireRoot(t)
+	cp := controlplane.Start(t, controlplane.Options{ControllerManager: true})
+	c := newCluster(t, cp, modeNFTables, 5)
+	pods := c.env.Pods
+	for i := range 4 {
+		c.runPod(fmt.Sprintf("web-%d", i), i, "web")
+	}
+	web := c.service("web", "web", corev1.ServiceTypeNodePort, corev1.ProtocolTCP, 80)
+	c.waitSlice("web", pods[0].IP.String(), pods[1].IP.String(), pods[2].IP.String(), pods[3].IP.String())
+	c.startAgent("--iptables-min-sync-period=50ms")
+	clusterIP := net.JoinHostPort(web.Spec.ClusterIP, "80")
+	nodePort := net.JoinHostPort(c.env.NodeIP.String(), strconv.Itoa(int(web.Spec.Ports[0].NodePort)))
+
+	// Non-stop traffic from a pod (ClusterIP) and from outside (NodePort).
+	type tally struct{ ok, failed int }
+	stop := make(chan struct{})
+	results := make(chan tally, 2)
+	traffic := func(ns *netns.Namespace, addr string) {
+		hc := ns.HTTPClient(2 * time.Second)
+		var tl tally
+		for {
+			select {
+			case <-stop:
+				results <- tl
+				return
+			default:
+			}
+			if _, _, err := netns.Get(context.Background(), hc, addr); err != nil {
+				tl.failed++
+				t.Logf("request to %s failed: %v", addr, err)
+			} else {
+				tl.ok++
+			}
+		}
+	}
+	go traffic(pods[4].Namespace, clusterIP)
+	go traffic(c.env.Client, nodePort)
+
+	m0, err := c.scrape()
+	require.NoError(t, err)
+	t0 := time.Now()
+	for i := range 100 {
+		ready := i%2 == 1
+		c.setReady("web-3", ready)
+		c.waitKernel(fmt.Sprintf("change %d", i), func(r string) bool {
+			return strings.Contains(r, pods[3].IP.String()) == ready
+		})
+	}
+	m1, err := c.scrape()
+	require.NoError(t, err)
+	syncs := m1["kubeproxy_sync_proxy_rules_duration_seconds_count"] - m0["kubeproxy_sync_proxy_rules_duration_seconds_count"]
+	t.Logf("100 endpoint changes reached the kernel in %v with %v syncs", time.Since(t0), syncs)
+	assert.GreaterOrEqual(t, syncs, 100.0, "every change was its own sync")
+
+	// The API server goes away: the rules stay and serve.
+	t0 = time.Now()
+	cp.StopAPIServer(t)
+	t.Logf("API server stopped in %v", time.Since(t0))
+	time.Sleep(2 * time.Second)
+	got := served(c.env.Client, nodePort, 10, 2*time.Second)
+	assert.Zero(t, got[""], "rules serve without an API server: %v", got)
+
+	t0 = time.Now()
+	cp.StartAPIServer(t)
+	t.Logf("API server back in %v", time.Since(t0))
+	t0 = time.Now()
+	c.setReady("web-3", false)
+	c.waitKernel("a change after the API server returned", func(r string) bool {
+		return !strings.Contains(r, pods[3].IP.String())
+	})
+	t.Logf("first change after the API server returned reached the kernel in %v", time.Since(t0))
+
+	close(stop)
+	for range 2 {
+		tl := <-results
+		assert.Zero(t, tl.failed, "failed requests under churn and API restart (ok %d)", tl.ok)
+		assert.NotZero(t, tl.ok)
+		t.Logf("traffic: %d requests ok, %d failed", tl.ok, tl.failed)
 	}
 }

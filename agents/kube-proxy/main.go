@@ -99,6 +99,14 @@ func runAgent(ctx context.Context, o *options) error {
 	}
 	registerMetrics()
 
+	// Shutdown order (defers run last first): cancel, wait for every goroutine,
+	// then release the namespace thread they may have been using.
+	var ns *nsRunner
+	defer func() {
+		if ns != nil {
+			ns.Close()
+		}
+	}()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -118,11 +126,10 @@ func runAgent(ctx context.Context, o *options) error {
 	// Where the rules live.
 	do := func(fn func() error) error { return fn() }
 	if o.netns != "" {
-		ns, err := startNSRunner(o.netns)
-		if err != nil {
+		var err error
+		if ns, err = startNSRunner(o.netns); err != nil {
 			return err
 		}
-		defer ns.Close()
 		do = ns.Do
 	}
 
@@ -139,10 +146,11 @@ func runAgent(ctx context.Context, o *options) error {
 	})
 	node := nm.waitForIPs(ctx, logger, 30*time.Second)
 
-	syncer, conntrack, err := newSyncer(ctx, cfg, node, do)
+	syncer, conntrack, hcIPs, err := newSyncer(ctx, cfg, node, do)
 	if err != nil {
 		return err
 	}
+	svcHealth := newServiceHealth(hcIPs, listenIn(do), func() bool { return health.health().Healthy })
 
 	tracker := servicemap.NewTracker(servicemap.Config{Logger: logger, Metrics: trackerMetrics{}})
 	smNode := servicemap.Node{Name: nodeName}
@@ -152,7 +160,7 @@ func runAgent(ctx context.Context, o *options) error {
 	px := newProxier(proxierConfig{
 		Tracker: tracker, Syncer: syncer, Conntrack: conntrack, Do: do,
 		Clock: clock.RealClock{}, MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod,
-		Node: smNode, Health: health,
+		Node: smNode, Health: health, ServiceHealth: svcHealth,
 	})
 	nm.onChange = px.OnNodeChange
 
@@ -164,7 +172,11 @@ func runAgent(ctx context.Context, o *options) error {
 	}
 
 	goRun("service watcher", watcher.Run)
-	goRun("sync loop", px.Run)
+	goRun("sync loop", func(ctx context.Context) error {
+		err := px.Run(ctx)
+		svcHealth.Close() // no sync can reopen them now
+		return err
+	})
 	go func() {
 		select {
 		case <-watcher.Synced():
@@ -201,7 +213,9 @@ func newClient(o *options) (kubernetes.Interface, error) {
 }
 
 // newSyncer builds the rules writer for the mode inside the node's namespace.
-func newSyncer(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node, do func(func() error) error) (rules.Syncer, staleCleaner, error) {
+// It also returns the node addresses NodePorts (and so health check ports)
+// answer on; nil means every address.
+func newSyncer(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node, do func(func() error) error) (rules.Syncer, staleCleaner, []netip.Addr, error) {
 	logger := klog.FromContext(ctx)
 	bit, all := masquerade(cfg)
 	mark := uint32(1) << uint(bit)
@@ -209,6 +223,7 @@ func newSyncer(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *
 	var (
 		syncer    rules.Syncer
 		conntrack *rules.ConntrackCleaner
+		addrs     []netip.Addr
 	)
 	err := do(func() error {
 		conntrack = rules.NewConntrackCleaner(nil)
@@ -219,7 +234,8 @@ func newSyncer(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *
 			syncer = w
 			return err
 		}
-		addrs, err := nodePortAddresses(logger, cfg, node)
+		var err error
+		addrs, err = nodePortAddresses(logger, cfg, node)
 		if err != nil {
 			return err
 		}
@@ -231,9 +247,9 @@ func newSyncer(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *
 		return err
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s rules: %w", cfg.Mode, err)
+		return nil, nil, nil, fmt.Errorf("%s rules: %w", cfg.Mode, err)
 	}
-	return syncer, conntrack, nil
+	return syncer, conntrack, addrs, nil
 }
 
 // nodePortAddresses resolves --nodeport-addresses to the node's IPv4 addresses

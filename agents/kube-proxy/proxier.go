@@ -46,6 +46,8 @@ type proxierConfig struct {
 	FullSyncPeriod time.Duration
 	Node           servicemap.Node
 	Health         *healthServer
+	// ServiceHealth serves the healthCheckNodePorts; nil: none.
+	ServiceHealth *serviceHealth
 }
 
 // proxier is the sync loop: upstream's BoundedFrequencyRunner around a sync that
@@ -248,6 +250,7 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 	p.conv.apply(upd, full)
 	st, skips := p.conv.state()
 	noLocalInternal, noLocalExternal := p.conv.noLocal()
+	hcPorts, hcLocal := p.conv.healthChecks()
 	triggers := p.triggerTimes
 	p.triggerTimes = map[types.NamespacedName][]time.Time{}
 	p.reportSkips(logger, skips)
@@ -296,6 +299,9 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 		p.cfg.Health.Updated(v1.IPv4Protocol)
 	}
 	syncProxyRulesLastTimestamp.WithLabelValues(ipFamily).SetToCurrentTime()
+	if p.cfg.ServiceHealth != nil {
+		p.cfg.ServiceHealth.sync(logger, hcPorts, hcLocal)
+	}
 
 	if p.cfg.Conntrack != nil && (full || touchesUDP(upd)) {
 		var n int
