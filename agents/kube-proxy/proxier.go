@@ -58,8 +58,6 @@ type proxier struct {
 	runCh chan struct{}
 
 	initialized atomic.Bool
-	svcSynced   atomic.Bool
-	epsSynced   atomic.Bool
 
 	mu              sync.Mutex // guards everything below
 	node            servicemap.Node
@@ -70,7 +68,6 @@ type proxier struct {
 	skipped         map[servicemap.ServicePortName]string
 	triggerTimes    map[types.NamespacedName][]time.Time
 	approxLogged    map[servicemap.ServicePortName]bool
-	syncs, fulls    int
 }
 
 func newProxier(cfg proxierConfig) *proxier {
@@ -184,7 +181,7 @@ func (p *proxier) queue() {
 }
 
 // Run is upstream's BoundedFrequencyRunner loop: a sync runs when one is queued,
-// never sooner than MinSyncPeriod after the previous one started; after a failure
+// never sooner than MinSyncPeriod after the previous one ended; after a failure
 // the next runs SyncPeriod later even if nothing is queued; and at least every
 // FullSyncPeriod. It returns nil when ctx ends.
 func (p *proxier) Run(ctx context.Context) error {
@@ -270,7 +267,6 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 		syncPartialProxyRulesLatency.WithLabelValues(ipFamily).Observe(took.Seconds())
 	}
 	p.mu.Lock()
-	p.syncs++
 	if err != nil {
 		// The changes are consumed: only a full sync can be trusted next.
 		p.needFullSync = true
@@ -280,7 +276,6 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 	p.needFullSync = false
 	if full {
 		p.lastFullSync = start
-		p.fulls++
 	}
 	p.mu.Unlock()
 	logger.V(2).Info("SyncProxyRules complete", "elapsed", took, "fullSync", full)
@@ -375,11 +370,4 @@ func (p *proxier) reportApprox(logger klog.Logger, upd servicemap.Update, full b
 	for _, n := range upd.Changed {
 		check(n)
 	}
-}
-
-// counts returns how many syncs ran and how many were full (for tests and logs).
-func (p *proxier) counts() (syncs, fulls int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.syncs, p.fulls
 }
