@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -245,4 +246,105 @@ func TestHealthzBody(t *testing.T) {
 	node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: toBeDeletedTaint, Effect: corev1.TaintEffectNoSchedule}}}}
 	code, _ = get("/healthz")
 	assert.Equal(t, http.StatusServiceUnavailable, code, "autoscaler is deleting the node")
+}
+
+// A configuration as kubeadm writes it into the kube-proxy ConfigMap loads
+// without complaint (every field is known) and keeps upstream's meaning of an
+// empty mode apart from nodekit's default.
+func TestKubeadmStyleConfig(t *testing.T) {
+	var lines []string
+	logger := funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{})
+	c, err := loadConfig([]byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 0
+clusterCIDR: 10.244.0.0/16
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: ""
+mode: ""
+nftables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+nodePortAddresses: null
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+`), logger)
+	require.NoError(t, err)
+	assert.Empty(t, lines, "strict decoding accepts every kubeadm field")
+	platformDefaults(c)
+	require.Empty(t, validate(c))
+	assert.Equal(t, "/var/lib/kube-proxy/kubeconfig.conf", c.ClientConnection.Kubeconfig)
+	assert.Equal(t, v1alpha1.ProxyMode("nftables"), c.Mode)
+	assert.Equal(t, "0.0.0.0:10256", c.HealthzBindAddress)
+	assert.Equal(t, 30*time.Second, c.NFTables.SyncPeriod.Duration)
+	assert.Equal(t, "10.244.0.0/16", clusterCIDR4(c).String())
+}
+
+func TestNSRunnerBadPath(t *testing.T) {
+	_, err := startNSRunner("/nonexistent/ns/net")
+	assert.ErrorIs(t, err, errNetns)
+	assert.Contains(t, err.Error(), "/nonexistent/ns/net")
+}
+
+// The binary refuses an invalid file, naming the field, before touching anything.
+func TestBinaryRefusesInvalidConfig(t *testing.T) {
+	p := writeFile(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ipvs\n")
+	out, err := exec.Command(agentBin, "--config="+p).CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	assert.Equal(t, 1, exit.ExitCode())
+	assert.Contains(t, string(out), `KubeProxyConfiguration.Mode: Unsupported value: "ipvs"`)
 }
