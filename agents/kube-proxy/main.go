@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -112,7 +113,7 @@ func runAgent(ctx context.Context, o *options) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	errCh := make(chan error, 4)
+	errCh := make(chan error, 8)
 	goRun := func(name string, fn func(context.Context) error) {
 		wg.Add(1)
 		go func() {
@@ -144,6 +145,12 @@ func runAgent(ctx context.Context, o *options) error {
 	goRun("metrics server", func(ctx context.Context) error {
 		return serveHTTP(ctx, logger, "metrics", cfg.MetricsBindAddress, metricsHandler(string(cfg.Mode)))
 	})
+	nm.mu.Lock()
+	nm.onIPsChanged = func(old, new []string) {
+		logger.Info("NodeIPs changed for the node", "node", klog.KRef("", nodeName), "newNodeIPs", new, "oldNodeIPs", old)
+		errCh <- fmt.Errorf("node %s IPs changed from %v to %v: restart to use them", nodeName, old, new)
+	}
+	nm.mu.Unlock()
 	node := nm.waitForIPs(ctx, logger, 30*time.Second)
 
 	syncer, conntrack, hcIPs, err := newSyncer(ctx, cfg, node, do)
@@ -162,7 +169,9 @@ func runAgent(ctx context.Context, o *options) error {
 		Clock: clock.RealClock{}, MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod,
 		Node: smNode, Health: health, ServiceHealth: svcHealth,
 	})
+	nm.mu.Lock()
 	nm.onChange = px.OnNodeChange
+	nm.mu.Unlock()
 
 	watcher, err := servicemap.NewWatcher(servicemap.WatcherConfig{
 		Client: client, Handler: px, ResyncPeriod: cfg.ConfigSyncPeriod.Duration,
@@ -371,8 +380,39 @@ type nodeWatch struct {
 	name     string
 	onChange func(*v1.Node)
 
-	mu   sync.Mutex
-	node *v1.Node
+	// onIPsChanged is called, once, when the Node's host IPs differ from those
+	// seen at start; upstream exits so it restarts with the new addresses.
+	onIPsChanged func(old, new []string)
+
+	mu      sync.Mutex
+	node    *v1.Node
+	ips     []string
+	ipsSet  bool
+	ipsGone bool
+}
+
+// hostIPs is upstream's utilnode.GetNodeHostIPs: the InternalIPs then the
+// ExternalIPs in order; the first of them, then the first of the other family.
+func hostIPs(n *v1.Node) []string {
+	var all []netip.Addr
+	for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, a := range n.Status.Addresses {
+			if ip, err := netip.ParseAddr(a.Address); err == nil && a.Type == t {
+				all = append(all, ip.Unmap())
+			}
+		}
+	}
+	if len(all) == 0 {
+		return nil
+	}
+	out := []string{all[0].String()}
+	for _, ip := range all[1:] {
+		if ip.Is4() != all[0].Is4() {
+			out = append(out, ip.String())
+			break
+		}
+	}
+	return out
 }
 
 func newNodeWatch(client kubernetes.Interface, name string, resync time.Duration) *nodeWatch {
@@ -389,9 +429,19 @@ func newNodeWatch(client kubernetes.Interface, name string, resync time.Duration
 		nw.mu.Lock()
 		nw.node = n
 		cb := nw.onChange
+		var changed func(old, new []string)
+		ips := hostIPs(n)
+		oldIPs := nw.ips
+		if nw.ipsSet && !nw.ipsGone && !slices.Equal(ips, nw.ips) {
+			nw.ipsGone = true
+			changed = nw.onIPsChanged
+		}
 		nw.mu.Unlock()
 		if cb != nil {
 			cb(n)
+		}
+		if changed != nil {
+			changed(oldIPs, ips)
 		}
 	}
 	_, _ = nw.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -432,6 +482,12 @@ func (nw *nodeWatch) waitForIPs(ctx context.Context, logger klog.Logger, timeout
 		_ = wait.PollUntilContextCancel(wctx, time.Second, false, func(context.Context) (bool, error) { return has(), nil })
 	}
 	n := nw.get()
+	nw.mu.Lock()
+	if n != nil {
+		nw.ips = hostIPs(n)
+	}
+	nw.ipsSet = true
+	nw.mu.Unlock()
 	switch {
 	case n == nil:
 		logger.Error(nil, "Timed out waiting for node to exist", "node", klog.KRef("", nw.name))
