@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"go.uber.org/goleak"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -183,6 +184,9 @@ func endpointsOf(st *rules.State, name string) []string {
 }
 
 func TestLoopWaitsForInitialListsThenSyncsFull(t *testing.T) {
+	// Registered first, so it runs after startLoop's cleanup stopped everything.
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
 	svc, es := web("10.244.1.10")
 	e := startLoop(t, svc, es)
 	e.noSync("not initialized before OnSynced")

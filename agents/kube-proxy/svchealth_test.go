@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -17,6 +18,8 @@ import (
 )
 
 func TestServiceHealthServers(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { http.DefaultClient.CloseIdleConnections(); goleak.VerifyNone(t, before) })
 	var healthy atomic.Bool
 	healthy.Store(true)
 	s := newServiceHealth([]netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil, healthy.Load)
