@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nodekit-dev/nodekit/agents/nodekit/internal/explain"
+	"github.com/nodekit-dev/nodekit/rules"
+)
+
+// Upstream's node-local defaults.
+const (
+	defaultKubeletHealthz   = "http://127.0.0.1:10248/healthz"
+	defaultRuntimeEndpoint  = "unix:///run/containerd/containerd.sock"
+	defaultCNIConfDir       = "/etc/cni/net.d"
+	defaultKubeProxyHealthz = "http://127.0.0.1:10256/healthz"
+)
+
+type explainFlags struct {
+	kubeconfig, output                          string
+	grace                                       time.Duration
+	onNode                                      bool
+	kubeletHealthz, runtimeEndpoint, cniConfDir string
+	proxyHealthz, proxyMode, nftTable           string
+	timeout                                     time.Duration
+}
+
+func runExplain(args []string) (int, error) {
+	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
+	var f explainFlags
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, else the default nodekit cluster's, else ~/.kube/config)")
+	fs.StringVar(&f.output, "o", "text", "output format: text or json")
+	fs.DurationVar(&f.grace, "node-monitor-grace-period", explain.DefaultNodeMonitorGracePeriod, "the cluster's kube-controller-manager --node-monitor-grace-period")
+	fs.BoolVar(&f.onNode, "on-node", false, "also check the node itself with upstream's default addresses (kubelet and kube-proxy healthz, containerd socket, /etc/cni/net.d, nftables table kube-proxy)")
+	fs.StringVar(&f.kubeletHealthz, "kubelet-healthz-url", "", "the kubelet's healthz URL to check (implies a node-local check)")
+	fs.StringVar(&f.runtimeEndpoint, "container-runtime-endpoint", "", "the CRI endpoint to check (implies a node-local check)")
+	fs.StringVar(&f.cniConfDir, "cni-conf-dir", "", "the CNI configuration folder to check (implies a node-local check)")
+	fs.StringVar(&f.proxyHealthz, "kube-proxy-healthz-url", "", "kube-proxy's healthz URL to check (implies a node-local check)")
+	fs.StringVar(&f.proxyMode, "proxy-mode", "", "read the kernel's Service rules back: nftables, iptables or none (with --on-node: nftables)")
+	fs.StringVar(&f.nftTable, "nft-table", "kube-proxy", "the nftables table kube-proxy writes")
+	fs.DurationVar(&f.timeout, "timeout", 20*time.Second, "overall time limit")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "usage: nodekit explain node NAME | service NS/NAME [flags]\n\n")
+		fs.PrintDefaults()
+	}
+	// Flags may come before or after the positional arguments.
+	var pos []string
+	rest := args
+	for len(rest) > 0 {
+		if err := fs.Parse(rest); err != nil {
+			return exitError, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		rest = fs.Args()
+		if len(rest) > 0 {
+			pos = append(pos, rest[0])
+			rest = rest[1:]
+		}
+	}
+	if len(pos) != 2 {
+		fs.Usage()
+		return exitError, fmt.Errorf("%w: want a kind (node or service) and a name, got %q", errUsage, pos)
+	}
+	if f.output != "text" && f.output != "json" {
+		return exitError, fmt.Errorf("%w: -o %q: want text or json", errUsage, f.output)
+	}
+	if f.onNode {
+		f.kubeletHealthz = orDefault(f.kubeletHealthz, defaultKubeletHealthz)
+		f.runtimeEndpoint = orDefault(f.runtimeEndpoint, defaultRuntimeEndpoint)
+		f.cniConfDir = orDefault(f.cniConfDir, defaultCNIConfDir)
+		f.proxyHealthz = orDefault(f.proxyHealthz, defaultKubeProxyHealthz)
+		f.proxyMode = orDefault(f.proxyMode, "nftables")
+	}
+	client, err := clientFor(f.kubeconfig)
+	if err != nil {
+		return exitError, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+	defer cancel()
+
+	var d explain.Diagnosis
+	switch pos[0] {
+	case "node", "nodes", "no":
+		ev := explain.GatherNode(ctx, pos[1], explain.NodeOptions{
+			Client: client, GracePeriod: f.grace,
+			KubeletHealthzURL: f.kubeletHealthz, RuntimeEndpoint: f.runtimeEndpoint, CNIConfDir: f.cniConfDir,
+		})
+		d = explain.DiagnoseNode(ev, time.Now())
+	case "service", "services", "svc":
+		ns, name, ok := strings.Cut(pos[1], "/")
+		if !ok {
+			ns, name = "default", pos[1]
+		}
+		if ns == "" || name == "" {
+			return exitError, fmt.Errorf("%w: service %q: want NAMESPACE/NAME", errUsage, pos[1])
+		}
+		opts := explain.ServiceOptions{Client: client, KubeProxyHealthzURL: f.proxyHealthz}
+		switch f.proxyMode {
+		case "", "none":
+		case "nftables":
+			w, err := rules.NewNFTables(rules.NFTablesConfig{Table: f.nftTable})
+			if err != nil {
+				return exitError, fmt.Errorf("reading the kernel's rules: %w", err)
+			}
+			opts.Rules, opts.RulesBackend = w, "nftables table ip "+f.nftTable
+		case "iptables":
+			w, err := rules.NewIPTables(ctx, rules.IPTablesConfig{})
+			if err != nil {
+				return exitError, fmt.Errorf("reading the kernel's rules: %w", err)
+			}
+			opts.Rules, opts.RulesBackend = w, "iptables-nft"
+		default:
+			return exitError, fmt.Errorf("%w: --proxy-mode %q: want nftables, iptables or none", errUsage, f.proxyMode)
+		}
+		d = explain.DiagnoseService(explain.GatherService(ctx, ns, name, opts), time.Now())
+	default:
+		return exitError, fmt.Errorf("%w: cannot explain a %q: want node or service", errUsage, pos[0])
+	}
+	var out io.Writer = os.Stdout
+	if f.output == "json" {
+		err = d.WriteJSON(out)
+	} else {
+		err = d.WriteText(out)
+	}
+	if err != nil {
+		return exitError, err
+	}
+	if !d.Healthy {
+		return exitUnhealthy, nil
+	}
+	return exitOK, nil
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+// clientFor loads a kubeconfig the way kubectl does, falling back to the default
+// nodekit cluster's when neither the flag nor $KUBECONFIG names one.
+func clientFor(path string) (kubernetes.Interface, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if path != "" {
+		rules.ExplicitPath = path
+	} else if os.Getenv("KUBECONFIG") == "" {
+		if p := defaultStateKubeconfig(); p != "" {
+			rules.ExplicitPath = p
+		}
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	cfg.Timeout = 10 * time.Second
+	return kubernetes.NewForConfig(cfg)
+}
