@@ -79,8 +79,7 @@ func (d Diagnosis) WriteJSON(w io.Writer) error {
 	return enc.Encode(d)
 }
 
-// ago renders the time between then and now for people: "1m23s ago", rounded to the
-// second (or the millisecond under a second).
+// ago renders the time between then and now for people: "1m23s ago", "10.3s ago".
 func ago(now, then time.Time) string {
 	return human(now.Sub(then)) + " ago"
 }
@@ -89,8 +88,13 @@ func human(d time.Duration) string {
 	if d < 0 {
 		d = 0
 	}
-	if d < time.Second {
+	switch {
+	case d < time.Second:
 		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		// A tenth of a second keeps "10.3s ago, longer than the 10s grace period" honest.
+		return d.Round(100 * time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
 	}
-	return d.Round(time.Second).String()
 }
