@@ -57,6 +57,12 @@ const StateFile = "state.json"
 // ErrInUse marks a state dir that already holds a cluster.
 var ErrInUse = errors.New("state dir in use")
 
+// ErrNameInUse marks a cluster name whose network namespaces exist.
+var ErrNameInUse = errors.New("cluster name in use")
+
+// ErrPortInUse marks an API port something else listens on.
+var ErrPortInUse = errors.New("port in use")
+
 // ErrNoCluster marks a state dir without a cluster.
 var ErrNoCluster = errors.New("no cluster")
 
@@ -97,6 +103,25 @@ func claim(dir, name string) error {
 	}
 	f, err := os.OpenFile(filepath.Join(dir, StateFile), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if errors.Is(err, os.ErrExist) {
+		return inUse(dir)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(f, "{\"name\": %q, \"stateDir\": %q}\n", name, dir)
+	return errors.Join(err, f.Close())
+}
+
+// checkFree fails when dir already holds a cluster's state file.
+func checkFree(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, StateFile)); err == nil {
+		return inUse(dir)
+	}
+	return nil
+}
+
+func inUse(dir string) error {
+	{
 		msg := "a cluster was started here"
 		if st, lerr := LoadState(dir); lerr == nil {
 			alive := 0
@@ -109,11 +134,6 @@ func claim(dir, name string) error {
 		}
 		return fmt.Errorf("%w: %s: %s; run `nodekit down --state-dir %s` first", ErrInUse, dir, msg, dir)
 	}
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(f, "{\"name\": %q, \"stateDir\": %q}\n", name, dir)
-	return errors.Join(err, f.Close())
 }
 
 // startTime is field 22 of /proc/PID/stat (clock ticks since boot).

@@ -202,14 +202,17 @@ func Up(ctx context.Context, cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{cfg: cfg, images: images}
+	if err := checkFree(cfg.StateDir); err != nil {
+		return nil, err
+	}
 	for _, suffix := range append([]string{"fabric", "cp"}, nodeNames(cfg.Nodes)...) {
 		if _, err := os.Stat(nsPath(c.ns(suffix))); err == nil {
-			return nil, fmt.Errorf("%w: network namespace %s exists: another cluster named %q runs (pick --name or run nodekit down)", ErrInUse, c.ns(suffix), cfg.Name)
+			return nil, fmt.Errorf("%w: network namespace %s exists: another cluster named %q runs (pick another --name, or run nodekit down on its state dir)", ErrNameInUse, c.ns(suffix), cfg.Name)
 		}
 	}
 	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(cfg.APIPort)))
 	if err != nil {
-		return nil, fmt.Errorf("%w: 127.0.0.1:%d: %v (pick another with --api-port)", ErrInUse, cfg.APIPort, err)
+		return nil, fmt.Errorf("%w: 127.0.0.1:%d: %v (pick another with --api-port)", ErrPortInUse, cfg.APIPort, err)
 	}
 	if err := claim(cfg.StateDir, cfg.Name); err != nil {
 		l.Close()
@@ -734,4 +737,3 @@ func ReadyzThroughForwarder(ctx context.Context, kubeconfig string) error {
 	}
 	return nil
 }
-

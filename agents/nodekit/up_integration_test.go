@@ -1,0 +1,207 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodekit-dev/nodekit/agents/nodekit/internal/cluster"
+	"github.com/nodekit-dev/nodekit/internal/testenv"
+)
+
+// upEnv checks what `nodekit up` needs and returns the peers and images folders.
+func upEnv(t *testing.T) (peers, images, crictl string) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	testenv.RequireLong(t)
+	for _, tool := range []string{"ip", "nsenter", "containerd", "runc", "ctr"} {
+		testenv.LookPath(t, tool)
+	}
+	kubectl := testenv.PeerBinary(t, "kubectl")
+	peers = filepath.Dir(kubectl)
+	images = os.Getenv("NODEKIT_IMAGES_DIR")
+	if images == "" {
+		testenv.Unavailable(t, "NODEKIT_IMAGES_DIR is unset: export NODEKIT_IMAGES_DIR=$(hack/setup-containerd.sh)")
+	}
+	crictl = filepath.Join(images, "crictl")
+	if _, err := os.Stat(crictl); err != nil {
+		testenv.Unavailable(t, "crictl not found in NODEKIT_IMAGES_DIR=%s", images)
+	}
+	return peers, images, crictl
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// rootLinks lists the machine's own network interfaces, to prove up and down leave
+// them alone.
+func rootLinks(t *testing.T) []string {
+	t.Helper()
+	ifs, err := net.Interfaces()
+	require.NoError(t, err)
+	var names []string
+	for _, i := range ifs {
+		names = append(names, i.Name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func netnsWithPrefix(t *testing.T, prefix string) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/var/run/netns")
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func mountsUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	require.NoError(t, err)
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// TestUpDetachStatusDown runs the built `nodekit up --detach` with two nodes, checks
+// the API server through kubectl and the forwarder, each node's CRI through crictl
+// inside its namespace, the clear refusals (second up on the same state, a port in use,
+// a missing prerequisite) that harm nothing running, and that `down` leaves no process,
+// mount, namespace or machine-side link behind.
+func TestUpDetachStatusDown(t *testing.T) {
+	peers, images, crictl := upEnv(t)
+	kubectl := filepath.Join(peers, "kubectl")
+	name := fmt.Sprintf("t%d", os.Getpid()%100000)
+	stateDir := filepath.Join(t.TempDir(), "state")
+	port := freePort(t)
+	linksBefore := rootLinks(t)
+	env := []string{"NODEKIT_PEERS_DIR=" + peers, "NODEKIT_IMAGES_DIR=" + images}
+	upArgs := []string{"up", "--detach", "--name", name, "--state-dir", stateDir, "--nodes", "2", "--api-port", strconv.Itoa(port)}
+
+	begin := time.Now()
+	out, stderr, code := nodekit(t, env, upArgs...)
+	t.Cleanup(func() {
+		// Whatever happened, leave the machine as it was.
+		if _, err := os.Stat(filepath.Join(stateDir, cluster.StateFile)); err == nil {
+			_, e, _ := nodekit(t, nil, "down", "--state-dir", stateDir)
+			t.Logf("cleanup down: %s", e)
+		}
+	})
+	require.Equal(t, 0, code, "up: stdout %s\nstderr %s", out, stderr)
+	t.Logf("up --detach --nodes 2 returned in %s:\n%s%s", time.Since(begin).Round(time.Millisecond), out, stderr)
+	kubeconfig := filepath.Join(stateDir, "kubeconfig")
+	assert.Contains(t, out, "kubeconfig: "+kubeconfig)
+	assert.Contains(t, out, fmt.Sprintf("cluster %q ready in", name))
+
+	readyz := func() string {
+		b, err := exec.Command(kubectl, "--kubeconfig", kubeconfig, "get", "--raw", "/readyz").CombinedOutput()
+		require.NoError(t, err, "kubectl get --raw /readyz: %s", b)
+		return string(b)
+	}
+	assert.Equal(t, "ok", readyz())
+
+	// The kubernetes Service points at the API server's fabric address, so pods reach it.
+	b, err := exec.Command(kubectl, "--kubeconfig", kubeconfig, "get", "endpointslices", "-n", "default", "-l", "kubernetes.io/service-name=kubernetes", "-o", "jsonpath={.items[0].endpoints[0].addresses[0]}").CombinedOutput()
+	require.NoError(t, err, "%s", b)
+	assert.Equal(t, cluster.ControlPlaneIP, string(b))
+
+	st, err := cluster.LoadState(stateDir)
+	require.NoError(t, err)
+	require.Len(t, st.Nodes, 2)
+	for _, n := range st.Nodes {
+		b, err := exec.Command("nsenter", "--net=/var/run/netns/"+n.NetNS, crictl, "--config", filepath.Join(n.Dir, "crictl.yaml"), "info").CombinedOutput()
+		require.NoError(t, err, "crictl info on %s: %s", n.Name, b)
+		var info struct {
+			Status struct {
+				Conditions []struct {
+					Type   string `json:"type"`
+					Status bool   `json:"status"`
+				} `json:"conditions"`
+			} `json:"status"`
+		}
+		require.NoError(t, json.Unmarshal(b, &info), "crictl info on %s", n.Name)
+		for _, c := range info.Status.Conditions {
+			assert.True(t, c.Status, "node %s: CRI condition %s must be true (CNI configured before containerd started)", n.Name, c.Type)
+		}
+		assert.Len(t, info.Status.Conditions, 2)
+		b, err = exec.Command("nsenter", "--net=/var/run/netns/"+n.NetNS, crictl, "--config", filepath.Join(n.Dir, "crictl.yaml"), "images", "-q").CombinedOutput()
+		require.NoError(t, err, "%s", b)
+		assert.Len(t, strings.Fields(string(b)), 2, "node %s: pause and busybox imported", n.Name)
+	}
+
+	out, _, code = nodekit(t, nil, "status", "--state-dir", stateDir)
+	assert.Equal(t, 0, code, out)
+	for _, part := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "supervisor", "api-server"} {
+		assert.Regexp(t, `(?m)^`+part+`\s+-\s+\S+\s+(running|ready)`, out)
+	}
+	assert.Regexp(t, `(?m)^cri\s+node-2\s+-\s+ready`, out)
+
+	// Refusals: each names its cause and harms nothing running.
+	_, stderr, code = nodekit(t, env, upArgs...)
+	assert.Equal(t, exitError, code)
+	assert.Contains(t, stderr, "state dir in use: "+stateDir)
+	assert.Contains(t, stderr, "run `nodekit down --state-dir "+stateDir+"` first")
+
+	_, stderr, code = nodekit(t, env, "up", "--detach", "--name", name+"b", "--state-dir", filepath.Join(t.TempDir(), "b"), "--api-port", strconv.Itoa(port))
+	assert.Equal(t, exitError, code)
+	assert.Contains(t, stderr, fmt.Sprintf("127.0.0.1:%d", port))
+	assert.Contains(t, stderr, "address already in use")
+
+	_, stderr, code = nodekit(t, env, "up", "--detach", "--name", name, "--state-dir", filepath.Join(t.TempDir(), "c"), "--api-port", strconv.Itoa(freePort(t)))
+	assert.Equal(t, exitError, code)
+	assert.Contains(t, stderr, "network namespace nk-"+name+"-fabric exists")
+
+	_, stderr, code = nodekit(t, []string{"NODEKIT_PEERS_DIR=/nonexistent"}, "up", "--detach", "--name", name+"d", "--state-dir", filepath.Join(t.TempDir(), "d"), "--api-port", strconv.Itoa(freePort(t)))
+	assert.Equal(t, exitError, code)
+	assert.Contains(t, stderr, "missing prerequisite: etcd not found in /nonexistent")
+	assert.Equal(t, "ok", readyz(), "the first cluster must be unharmed")
+
+	// down removes exactly what up made.
+	_, stderr, code = nodekit(t, nil, "down", "--state-dir", stateDir)
+	require.Equal(t, 0, code, stderr)
+	for _, p := range st.Processes {
+		assert.False(t, p.Alive(), "%s (pid %d) still runs after down", p.Name, p.PID)
+	}
+	for _, n := range st.Nodes {
+		out, _ := exec.Command("pgrep", "-f", n.Runtime[len("unix://"):]).Output()
+		assert.Empty(t, strings.TrimSpace(string(out)), "no shim or process of node %s's containerd may remain", n.Name)
+	}
+	assert.Empty(t, mountsUnder(t, stateDir))
+	assert.Empty(t, netnsWithPrefix(t, "nk-"+name+"-"))
+	assert.Equal(t, linksBefore, rootLinks(t), "the machine's own interfaces must be untouched")
+	_, err = os.Stat(stateDir)
+	assert.True(t, os.IsNotExist(err), "the state dir up made must be gone: %v", err)
+
+	_, stderr, code = nodekit(t, nil, "down", "--state-dir", stateDir)
+	assert.Equal(t, exitError, code)
+	assert.Contains(t, stderr, "no cluster in "+stateDir)
+}
