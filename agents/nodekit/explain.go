@@ -2,16 +2,20 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/nodekit-dev/nodekit/agents/nodekit/internal/cluster"
 	"github.com/nodekit-dev/nodekit/agents/nodekit/internal/explain"
 	"github.com/nodekit-dev/nodekit/rules"
 )
@@ -31,6 +35,7 @@ type explainFlags struct {
 	kubeletHealthz, runtimeEndpoint, cniConfDir string
 	proxyHealthz, proxyMode, nftTable           string
 	timeout                                     time.Duration
+	stateDir, name, node                        string
 }
 
 func runExplain(args []string) (int, error) {
@@ -47,6 +52,9 @@ func runExplain(args []string) (int, error) {
 	fs.StringVar(&f.proxyMode, "proxy-mode", "", "read the kernel's Service rules back: nftables, iptables or none (with --on-node: nftables)")
 	fs.StringVar(&f.nftTable, "nft-table", "kube-proxy", "the nftables table kube-proxy writes")
 	fs.DurationVar(&f.timeout, "timeout", 20*time.Second, "overall time limit")
+	fs.StringVar(&f.name, "name", "nodekit", "the nodekit cluster to explain (when no --kubeconfig is given)")
+	fs.StringVar(&f.stateDir, "state-dir", "", "the nodekit cluster's state dir (default: the one for --name)")
+	fs.StringVar(&f.node, "node", "", "in a nodekit cluster: the node whose kube-proxy and rules explain service reads (default: the first)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), "usage: nodekit explain node NAME | service NS/NAME [flags]\n\n")
 		fs.PrintDefaults()
@@ -77,6 +85,19 @@ func runExplain(args []string) (int, error) {
 		f.cniConfDir = orDefault(f.cniConfDir, defaultCNIConfDir)
 		f.proxyHealthz = orDefault(f.proxyHealthz, defaultKubeProxyHealthz)
 		f.proxyMode = orDefault(f.proxyMode, "nftables")
+	}
+	// In a nodekit cluster, explain runs inside the node's namespace, where the node's
+	// kubelet, runtime, kube-proxy and rules are.
+	if f.kubeconfig == "" && os.Getenv("KUBECONFIG") == "" {
+		dir := f.stateDir
+		if dir == "" {
+			dir = defaultStateDir(f.name)
+		}
+		if st, err := cluster.LoadState(dir); err == nil {
+			return explainInNode(st, pos, &f)
+		} else if f.stateDir != "" {
+			return exitError, err
+		}
 	}
 	client, err := clientFor(f.kubeconfig)
 	if err != nil {
@@ -134,6 +155,48 @@ func runExplain(args []string) (int, error) {
 	}
 	if !d.Healthy {
 		return exitUnhealthy, nil
+	}
+	return exitOK, nil
+}
+
+// explainInNode runs `nodekit explain` again inside the node's network namespace with
+// that node's addresses, or, when the node is not in the cluster, against the API only.
+func explainInNode(st *cluster.State, pos []string, f *explainFlags) (int, error) {
+	nodeName := f.node
+	if pos[0] == "node" || pos[0] == "nodes" || pos[0] == "no" {
+		nodeName = pos[1]
+	} else if nodeName == "" && len(st.Nodes) > 0 {
+		nodeName = st.Nodes[0].Name
+	}
+	var node *cluster.Node
+	for i := range st.Nodes {
+		if st.Nodes[i].Name == nodeName {
+			node = &st.Nodes[i]
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return exitError, err
+	}
+	args := []string{"explain", pos[0], pos[1], "-o", f.output, "--node-monitor-grace-period", st.GracePeriod, "--timeout", f.timeout.String()}
+	var cmd *exec.Cmd
+	if node == nil || os.Geteuid() != 0 {
+		args = append(args, "--kubeconfig", filepath.Join(st.StateDir, "kubeconfig"))
+		cmd = exec.Command(self, args...)
+	} else {
+		args = append(args, "--kubeconfig", filepath.Join(st.StateDir, "cp", cluster.FabricAdminKubeconfig),
+			"--kubelet-healthz-url", defaultKubeletHealthz, "--container-runtime-endpoint", node.Runtime, "--cni-conf-dir", node.CNIConfig,
+			"--kube-proxy-healthz-url", defaultKubeProxyHealthz, "--proxy-mode", "nftables")
+		cmd = exec.Command("nsenter", append([]string{"--net=/var/run/netns/" + node.NetNS, "--", self}, args...)...)
+	}
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	err = cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), nil
+	}
+	if err != nil {
+		return exitError, err
 	}
 	return exitOK, nil
 }

@@ -30,6 +30,20 @@ func defaultStateDir(name string) string {
 	return filepath.Join(base, "nodekit", name)
 }
 
+// besideSelf is the path of name in the nodekit binary's own folder when it exists
+// there, else "".
+func besideSelf(name string) string {
+	self, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	p := filepath.Join(filepath.Dir(self), name)
+	if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+		return p
+	}
+	return ""
+}
+
 func defaultStateKubeconfig() string {
 	p := filepath.Join(defaultStateDir("nodekit"), "kubeconfig")
 	if _, err := os.Stat(p); err == nil {
@@ -62,8 +76,8 @@ func runUp(args []string) (int, error) {
 	fs.IntVar(&cfg.APIPort, "api-port", cluster.APIServerPort, "port on 127.0.0.1 where kubectl reaches the API server")
 	fs.StringVar(&cfg.PeersDir, "peers-dir", os.Getenv("NODEKIT_PEERS_DIR"), "folder with etcd, kube-apiserver, kube-controller-manager, kube-scheduler (hack/build-peers.sh)")
 	fs.StringVar(&cfg.ImagesDir, "images-dir", os.Getenv("NODEKIT_IMAGES_DIR"), "folder with images.tsv and image tars (hack/setup-containerd.sh)")
-	fs.StringVar(&cfg.KubeletBinary, "kubelet-binary", "", "nodekit's kubelet agent binary (empty: nodes run containerd only)")
-	fs.StringVar(&cfg.KubeProxyBinary, "kube-proxy-binary", "", "nodekit's kube-proxy agent binary (empty: no Service rules)")
+	fs.StringVar(&cfg.KubeletBinary, "kubelet-binary", besideSelf("kubelet"), "nodekit's kubelet agent binary (default: kubelet beside the nodekit binary, as hack/up.sh builds it; \"none\": nodes run containerd only)")
+	fs.StringVar(&cfg.KubeProxyBinary, "kube-proxy-binary", besideSelf("kube-proxy"), "nodekit's kube-proxy agent binary (default: kube-proxy beside the nodekit binary; \"none\": no Service rules)")
 	fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", 50*time.Second, "kube-controller-manager's --node-monitor-grace-period")
 	detach := fs.Bool("detach", false, "return once the cluster is ready, leaving a supervisor running; stop it with nodekit down")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up bringing the cluster up after this long")
@@ -71,6 +85,11 @@ func runUp(args []string) (int, error) {
 		return exitError, err
 	}
 	cfg.Name, cfg.StateDir = *name, *dir
+	for _, b := range []*string{&cfg.KubeletBinary, &cfg.KubeProxyBinary} {
+		if *b == "none" {
+			*b = ""
+		}
+	}
 	if cfg.StateDir == "" {
 		cfg.StateDir = defaultStateDir(cfg.Name)
 	}

@@ -326,6 +326,10 @@ func (c *Cluster) pki() error {
 			return err
 		}
 	}
+	fabric := "https://" + ControlPlaneIP + ":" + strconv.Itoa(APIServerPort)
+	if err := ca.writeKubeconfig(c.path("cp", FabricAdminKubeconfig), c.cfg.Name, fabric, "kubernetes-admin", "system:masters"); err != nil {
+		return err
+	}
 	// What kubectl on the machine uses: the forwarder on 127.0.0.1.
 	return ca.writeKubeconfig(c.Kubeconfig(), c.cfg.Name, "https://127.0.0.1:"+strconv.Itoa(c.cfg.APIPort), "kubernetes-admin", "system:masters")
 }

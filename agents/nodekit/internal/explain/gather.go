@@ -221,9 +221,13 @@ func proxyHealth(ctx context.Context, url string) *ProxyHealth {
 	return p
 }
 
-// parseGoTime reads a time printed with time.Time.String, as kube-proxy's /healthz
-// prints it ("2026-12-03 06:00:00.123 +0000 UTC m=+12.5"); zero when unreadable.
+// parseGoTime reads a time printed with time.Time.String, as upstream kube-proxy's
+// /healthz prints it ("2026-12-03 06:00:00.123 +0000 UTC m=+12.5"), or in RFC 3339;
+// zero when unreadable.
 func parseGoTime(s string) time.Time {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t
+	}
 	if i := strings.Index(s, " m="); i >= 0 {
 		s = s[:i]
 	}

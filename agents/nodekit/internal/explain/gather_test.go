@@ -131,6 +131,14 @@ func TestGatherService(t *testing.T) {
 	assert.Equal(t, "nft: permission denied", ev.Rules.Err)
 }
 
+func TestParseGoTime(t *testing.T) {
+	want := time.Date(2026, 12, 3, 5, 58, 0, 500_000_000, time.UTC)
+	for _, s := range []string{"2026-12-03 05:58:00.5 +0000 UTC m=+12.000000001", "2026-12-03 05:58:00.5 +0000 UTC", "2026-12-03T05:58:00.5Z"} {
+		assert.True(t, want.Equal(parseGoTime(s)), s)
+	}
+	assert.True(t, parseGoTime("yesterday").IsZero())
+}
+
 func TestDesiredStateFallsBackToServingTerminating(t *testing.T) {
 	svc := service()
 	sl := discoveryv1.EndpointSlice{

@@ -278,8 +278,9 @@ func localLines(l *NodeLocal) []string {
 		if r.Err != "" {
 			out = append(out, fmt.Sprintf("container runtime %s does not answer: %s", r.Endpoint, r.Err))
 		} else {
-			out = append(out, fmt.Sprintf("container runtime %s: RuntimeReady=%t %s %s; NetworkReady=%t %s %s", r.Endpoint,
-				r.RuntimeReady, r.RuntimeReason, r.RuntimeMessage, r.NetworkReady, r.NetworkReason, r.NetworkMessage))
+			out = append(out, fmt.Sprintf("container runtime %s: %s; %s", r.Endpoint,
+				criCondition("RuntimeReady", r.RuntimeReady, r.RuntimeReason, r.RuntimeMessage),
+				criCondition("NetworkReady", r.NetworkReady, r.NetworkReason, r.NetworkMessage)))
 		}
 	}
 	if c := l.CNI; c != nil {
@@ -293,6 +294,18 @@ func localLines(l *NodeLocal) []string {
 		}
 	}
 	return out
+}
+
+// criCondition prints a runtime condition as the kubelet quotes it.
+func criCondition(typ string, ok bool, reason, message string) string {
+	s := fmt.Sprintf("%s=%t", typ, ok)
+	if reason != "" {
+		s += " reason:" + reason
+	}
+	if message != "" {
+		s += " message:" + message
+	}
+	return s
 }
 
 func eventLines(events []corev1.Event, now time.Time, max int) []string {
