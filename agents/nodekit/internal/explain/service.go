@@ -128,7 +128,7 @@ func DiagnoseService(ev ServiceEvidence, now time.Time) Diagnosis {
 	d.Evidence = append(d.Evidence, rulesLines(ev.Rules)...)
 	d.Evidence = append(d.Evidence, ev.Problems...)
 
-	stale, missing, noRule := driftSummary(ev.Rules)
+	stale, missing, noRule, wrong := driftSummary(ev.Rules)
 	proxyDown := ev.KubeProxy != nil && ev.KubeProxy.Err != ""
 	proxyStale := ev.KubeProxy != nil && ev.KubeProxy.Err == "" && ev.KubeProxy.Status != 200
 	selector := labelsString(svc.Spec.Selector)
@@ -150,7 +150,7 @@ func DiagnoseService(ev ServiceEvidence, now time.Time) Diagnosis {
 				what += ", last in sync " + ago(now, ev.KubeProxy.LastUpdated)
 			}
 		}
-		d.Summary = blackholeSummary(key, what, clusterIP, stale, missing, noRule, ev.Rules != nil && ev.Rules.Err == "")
+		d.Summary = blackholeSummary(key, what, clusterIP, stale, missing, noRule, wrong, ev.Rules != nil && ev.Rules.Err == "")
 		d.Next = []string{
 			"systemctl restart kube-proxy   # or: kubectl -n kube-system delete pod -l k8s-app=kube-proxy --field-selector spec.nodeName=NODE",
 			"nft list table ip kube-proxy   # on the node: the rules as they stand",
@@ -178,9 +178,9 @@ func DiagnoseService(ev ServiceEvidence, now time.Time) Diagnosis {
 			"kubectl get pods -n " + ev.Namespace + " -l " + selector + " -o wide",
 			"kubectl describe pods -n " + ev.Namespace + " -l " + selector + "   # the failing readiness probe",
 		}
-	case len(stale) > 0 || len(missing) > 0 || noRule:
+	case len(stale) > 0 || len(missing) > 0 || noRule || wrong != "":
 		d.Verdict = RulesDrift
-		d.Summary = blackholeSummary(key, "kube-proxy answers healthy, yet the kernel's rules disagree with the EndpointSlices (it may be catching up: run explain again in a few seconds)", clusterIP, stale, missing, noRule, true)
+		d.Summary = blackholeSummary(key, "kube-proxy answers healthy, yet the kernel's rules disagree with the EndpointSlices (it may be catching up: run explain again in a few seconds)", clusterIP, stale, missing, noRule, wrong, true)
 		d.Next = []string{
 			"nft list table ip kube-proxy   # on the node",
 			"kubectl get endpointslices -n " + ev.Namespace + " -l kubernetes.io/service-name=" + ev.Name + " -o wide",
@@ -268,7 +268,11 @@ func rulesLines(r *RulesCheck) []string {
 		for _, e := range k.Endpoints {
 			eps = append(eps, e.String())
 		}
-		out = append(out, fmt.Sprintf("kernel rule (%s): %s -> %s %s", r.Backend, k.Dest, k.Action, strings.Join(eps, ", ")))
+		line := fmt.Sprintf("kernel rule (%s): %s -> %s", r.Backend, k.Dest, k.Action)
+		if len(eps) > 0 {
+			line += " " + strings.Join(eps, ", ")
+		}
+		out = append(out, line)
 	}
 	for _, dr := range r.Drift {
 		out = append(out, "drift: "+dr.String())
@@ -277,11 +281,12 @@ func rulesLines(r *RulesCheck) []string {
 }
 
 // driftSummary lists the stale endpoint IPs (rules aiming at addresses no
-// EndpointSlice has), the missing ones (ready endpoints no rule reaches) and whether a
-// service port has no rule at all.
-func driftSummary(r *RulesCheck) (stale, missing []string, noRule bool) {
+// EndpointSlice has), the missing ones (ready endpoints no rule reaches), whether a
+// service port has no rule at all, and a wrong verdict (rejecting although endpoints
+// exist, or the reverse) in the kernel's words.
+func driftSummary(r *RulesCheck) (stale, missing []string, noRule bool, wrong string) {
 	if r == nil || r.Err != "" {
-		return nil, nil, false
+		return nil, nil, false, ""
 	}
 	for _, dr := range r.Drift {
 		switch dr.Kind {
@@ -291,9 +296,11 @@ func driftSummary(r *RulesCheck) (stale, missing []string, noRule bool) {
 			missing = appendAddr(missing, dr.Detail, " never reaches ")
 		case rules.MissingService:
 			noRule = true
+		case rules.WrongVerdict:
+			wrong = dr.Detail
 		}
 	}
-	return stale, missing, noRule
+	return stale, missing, noRule, wrong
 }
 
 // appendAddr takes the endpoint after sep in a Drift detail ("10.96.0.5 . tcp . 80
@@ -313,15 +320,21 @@ func appendAddr(list []string, detail, sep string) []string {
 	return append(list, after)
 }
 
-func blackholeSummary(key, what, clusterIP string, stale, missing []string, noRule, rulesRead bool) string {
+func blackholeSummary(key, what, clusterIP string, stale, missing []string, noRule bool, wrong string, rulesRead bool) string {
 	var b strings.Builder
 	b.WriteString(what)
 	b.WriteString(". ")
 	switch {
 	case !rulesRead:
 		fmt.Fprintf(&b, "The rules it wrote for %s stay in the kernel but are no longer updated: any pod replaced since then is unreachable through %s while every pod still reads Running.", key, clusterIP)
-	case len(stale) > 0 || len(missing) > 0 || noRule:
+	case len(stale) > 0 || len(missing) > 0 || noRule || wrong != "":
 		fmt.Fprintf(&b, "The kernel's rules for %s no longer match its endpoints:", key)
+		if wrong != "" {
+			fmt.Fprintf(&b, " %s", wrong)
+			if len(stale) > 0 || len(missing) > 0 || noRule {
+				b.WriteString(";")
+			}
+		}
 		if len(stale) > 0 {
 			fmt.Fprintf(&b, " they still send connections to %s, which no EndpointSlice lists any more (gone pods: those connections blackhole)", strings.Join(stale, ", "))
 		}

@@ -139,6 +139,18 @@ func TestDiagnoseService(t *testing.T) {
 			evidence: []string{"kernel rules (b): no rule for this Service"},
 		},
 		{
+			name:     "rules reject although endpoints are ready",
+			ev:       ServiceEvidence{Namespace: "default", Name: "web", Service: service(), Slices: []discoveryv1.EndpointSlice{slice(ep{ip: "10.244.1.37"})}, KubeProxy: healthyProxy, Rules: &RulesCheck{Backend: "b", Kernel: []rules.KernelService{{Dest: "10.96.12.7 . tcp . 80", Action: "reject"}}, Drift: []rules.Drift{{Kind: rules.WrongVerdict, Service: "default/web", Detail: `10.96.12.7 . tcp . 80 has endpoints but the kernel answers "goto reject-chain"`}}}},
+			verdict:  RulesDrift,
+			contains: []string{`10.96.12.7 . tcp . 80 has endpoints but the kernel answers "goto reject-chain"`},
+		},
+		{
+			name:     "kube-proxy dead, service rejected although endpoints exist",
+			ev:       ServiceEvidence{Namespace: "default", Name: "web", Service: service(), Slices: []discoveryv1.EndpointSlice{slice(ep{ip: "10.244.1.37"})}, KubeProxy: &ProxyHealth{URL: "u", Err: "refused"}, Rules: &RulesCheck{Backend: "b", Drift: []rules.Drift{{Kind: rules.WrongVerdict, Service: "default/web", Detail: "has endpoints but the kernel answers reject"}}}},
+			verdict:  KubeProxyDown,
+			contains: []string{"no longer match its endpoints: has endpoints but the kernel answers reject."},
+		},
+		{
 			name:    "ExternalName",
 			ev:      ServiceEvidence{Namespace: "default", Name: "web", Service: &corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "example.org"}}},
 			verdict: ServiceHealthy, healthy: true,
