@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -204,4 +205,79 @@ func TestUpDetachStatusDown(t *testing.T) {
 	_, stderr, code = nodekit(t, nil, "down", "--state-dir", stateDir)
 	assert.Equal(t, exitError, code)
 	assert.Contains(t, stderr, "no cluster in "+stateDir)
+}
+
+// TestUpForegroundCtrlC runs `nodekit up` in the foreground, imports an image with
+// `nodekit load`, then interrupts it as Ctrl-C would: it must tear everything down.
+func TestUpForegroundCtrlC(t *testing.T) {
+	peers, images, crictl := upEnv(t)
+	name := fmt.Sprintf("f%d", os.Getpid()%100000)
+	stateDir := filepath.Join(t.TempDir(), "state")
+	cmd := exec.Command(nodekitBin, "up", "--name", name, "--state-dir", stateDir, "--api-port", strconv.Itoa(freePort(t)),
+		"--kubelet-binary", "none", "--kube-proxy-binary", "none")
+	cmd.Env = append(os.Environ(), "NODEKIT_PEERS_DIR="+peers, "NODEKIT_IMAGES_DIR="+images)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	// stderr goes to a file: it is read only after the process is done with it.
+	errPath := filepath.Join(t.TempDir(), "up.stderr")
+	errFile, err := os.Create(errPath)
+	require.NoError(t, err)
+	defer errFile.Close()
+	cmd.Stderr = errFile
+	stderrText := func() string { b, _ := os.ReadFile(errPath); return string(b) }
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		if _, err := os.Stat(filepath.Join(stateDir, cluster.StateFile)); err == nil {
+			nodekit(t, nil, "down", "--state-dir", stateDir)
+		}
+	})
+	ready := make(chan string, 1)
+	go func() {
+		var seen strings.Builder
+		buf := make([]byte, 4096)
+		for {
+			n, err := stdout.Read(buf)
+			seen.Write(buf[:n])
+			if strings.Contains(seen.String(), "ready in") || err != nil {
+				ready <- seen.String()
+				_, _ = io.Copy(io.Discard, stdout)
+				return
+			}
+		}
+	}()
+	select {
+	case out := <-ready:
+		require.Contains(t, out, "ready in", "stderr: %s", stderrText())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("up did not get ready: %s", stderrText())
+	}
+	st, err := cluster.LoadState(stateDir)
+	require.NoError(t, err)
+
+	// nodekit load imports into every node (here, the pause image under its own name).
+	_, lerr, code := nodekit(t, nil, "load", "--state-dir", stateDir, filepath.Join(images, "pause.tar"))
+	require.Equal(t, 0, code, lerr)
+	_, lerr, code = nodekit(t, nil, "load", "--state-dir", stateDir, filepath.Join(images, "missing.tar"))
+	assert.Equal(t, exitError, code)
+	assert.Contains(t, lerr, "missing.tar")
+	b, err := exec.Command("nsenter", "--net=/var/run/netns/"+st.Nodes[0].NetNS, crictl, "--config", filepath.Join(st.Nodes[0].Dir, "crictl.yaml"), "images").CombinedOutput()
+	require.NoError(t, err, "%s", b)
+	assert.Contains(t, string(b), "registry.k8s.io/pause")
+
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		assert.NoError(t, err, "up must exit 0 after Ctrl-C: %s", stderrText())
+	case <-time.After(time.Minute):
+		t.Fatal("up did not stop after Ctrl-C")
+	}
+	assert.Contains(t, stderrText(), "nodekit down: deleted network namespace nk-"+name+"-fabric")
+	for _, p := range st.Processes {
+		assert.False(t, p.Alive(), "%s still runs", p.Name)
+	}
+	assert.Empty(t, mountsUnder(t, stateDir))
+	assert.Empty(t, netnsWithPrefix(t, "nk-"+name+"-"))
 }
