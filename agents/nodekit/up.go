@@ -135,6 +135,9 @@ func runUp(args []string) (int, error) {
 
 func printReady(c *cluster.Cluster, kubeconfig string, begin time.Time) {
 	st := c.State()
+	if !c.HasKubelet() {
+		fmt.Fprintln(os.Stderr, "nodekit up: no kubelet binary (--kubelet-binary): the nodes run containerd only and do not register")
+	}
 	fmt.Printf("kubeconfig: %s\n", kubeconfig)
 	fmt.Printf("cluster %q ready in %s: %d node(s), API server https://127.0.0.1:%d; try: KUBECONFIG=%s kubectl get nodes -o wide\n",
 		st.Name, time.Since(begin).Round(100*time.Millisecond), len(st.Nodes), st.APIPort, kubeconfig)

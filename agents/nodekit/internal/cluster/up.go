@@ -177,6 +177,9 @@ type Cluster struct {
 	dialer   *NSDialer
 }
 
+// HasKubelet reports whether the nodes run a kubelet.
+func (c *Cluster) HasKubelet() bool { return c.cfg.KubeletBinary != "" }
+
 // State is the recorded state.
 func (c *Cluster) State() *State { return c.st }
 
