@@ -133,7 +133,7 @@ func (c *Cluster) waitNodeReady(ctx context.Context, client kubernetes.Interface
 				if cond.Status == corev1.ConditionTrue {
 					return nil
 				}
-				return fmt.Errorf("Ready=%s %s: %s", cond.Status, cond.Reason, cond.Message)
+				return fmt.Errorf("condition Ready=%s %s: %s", cond.Status, cond.Reason, cond.Message)
 			}
 		}
 		return fmt.Errorf("no Ready condition yet")

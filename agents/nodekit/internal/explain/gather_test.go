@@ -44,7 +44,7 @@ func TestGatherNodeLocal(t *testing.T) {
 	assert.False(t, ev.Local.Runtime.NetworkReady)
 	assert.Equal(t, "NetworkPluginNotReady", ev.Local.Runtime.NetworkReason)
 	assert.Empty(t, ev.Local.CNI.Files)
-	assert.Equal(t, NetworkNotReady, DiagnoseNode(ev, time.Now()).Verdict)
+	assert.Equal(t, NetworkNotReady, DiagnoseNode(ev, now).Verdict)
 
 	require.NoError(t, os.WriteFile(filepath.Join(cni, "10-bridge.conflist"), []byte("{}"), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(cni, "README"), []byte("not a config"), 0o644))
@@ -55,12 +55,12 @@ func TestGatherNodeLocal(t *testing.T) {
 	assert.NotEmpty(t, ev.Local.Runtime.Err, "a stopped runtime must read as not answering")
 	assert.Equal(t, []string{"10-bridge.conflist"}, ev.Local.CNI.Files)
 	// The kubelet not answering on its own node outranks what the runtime says.
-	assert.Equal(t, KubeletSilent, DiagnoseNode(ev, time.Now()).Verdict)
+	assert.Equal(t, KubeletSilent, DiagnoseNode(ev, now).Verdict)
 
 	ev = GatherNode(context.Background(), "ghost", NodeOptions{Client: client})
 	assert.Nil(t, ev.Node)
 	assert.Nil(t, ev.Local)
-	assert.Equal(t, NodeNotFound, DiagnoseNode(ev, time.Now()).Verdict)
+	assert.Equal(t, NodeNotFound, DiagnoseNode(ev, now).Verdict)
 }
 
 type fakeRules struct {

@@ -14,9 +14,9 @@ import (
 // default since v1.32: a Lease older than this makes the node Unknown.
 const DefaultNodeMonitorGracePeriod = 50 * time.Second
 
-// DefaultTolerationSeconds is how long the DefaultTolerationSeconds admission plugin lets
+// DefaultToleration is how long the DefaultTolerationSeconds admission plugin lets
 // a pod stay on a not-ready or unreachable node (tolerationSeconds 300).
-const DefaultTolerationSeconds = 300 * time.Second
+const DefaultToleration = 300 * time.Second
 
 // The node lifecycle controller's words for a silent node, and the taints it sets.
 const (
@@ -248,11 +248,11 @@ func taintLine(t corev1.Taint, now time.Time) string {
 	if t.TimeAdded != nil {
 		s += " added " + ago(now, t.TimeAdded.Time)
 		if t.Effect == corev1.TaintEffectNoExecute && (t.Key == taintUnreachable || t.Key == taintNotReady) {
-			evict := t.TimeAdded.Add(DefaultTolerationSeconds)
+			evict := t.TimeAdded.Add(DefaultToleration)
 			if evict.After(now) {
-				s += fmt.Sprintf("; pods with the default %s toleration are evicted in %s (at %s)", human(DefaultTolerationSeconds), human(evict.Sub(now)), evict.UTC().Format(time.RFC3339))
+				s += fmt.Sprintf("; pods with the default %s toleration are evicted in %s (at %s)", human(DefaultToleration), human(evict.Sub(now)), evict.UTC().Format(time.RFC3339))
 			} else {
-				s += fmt.Sprintf("; pods with the default %s toleration have been evicted since %s", human(DefaultTolerationSeconds), ago(now, evict))
+				s += fmt.Sprintf("; pods with the default %s toleration have been evicted since %s", human(DefaultToleration), ago(now, evict))
 			}
 		}
 	}
@@ -351,11 +351,11 @@ func silentSummary(ev NodeEvidence, ready *corev1.NodeCondition, age time.Durati
 	}
 	for _, t := range ev.Node.Spec.Taints {
 		if t.Key == taintUnreachable && t.Effect == corev1.TaintEffectNoExecute && t.TimeAdded != nil {
-			evict := t.TimeAdded.Add(DefaultTolerationSeconds)
+			evict := t.TimeAdded.Add(DefaultToleration)
 			if evict.After(now) {
-				fmt.Fprintf(&b, " Unless it returns, its pods are evicted in %s (the default %s toleration of the unreachable taint) and recreated elsewhere.", human(evict.Sub(now)), human(DefaultTolerationSeconds))
+				fmt.Fprintf(&b, " Unless it returns, its pods are evicted in %s (the default %s toleration of the unreachable taint) and recreated elsewhere.", human(evict.Sub(now)), human(DefaultToleration))
 			} else {
-				fmt.Fprintf(&b, " Its pods' default %s toleration ran out %s: they are being evicted and recreated elsewhere.", human(DefaultTolerationSeconds), ago(now, evict))
+				fmt.Fprintf(&b, " Its pods' default %s toleration ran out %s: they are being evicted and recreated elsewhere.", human(DefaultToleration), ago(now, evict))
 			}
 		}
 	}
