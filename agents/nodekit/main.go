@@ -5,6 +5,7 @@
 //	nodekit down [--state-dir DIR]                         stop it, leaving nothing behind
 //	nodekit status [--state-dir DIR]                       say what runs
 //	nodekit load IMAGE.tar [--state-dir DIR]               import an image into every node
+//	nodekit restart PART [--node NODE]                     restart a part (kubelet, kube-proxy, ...)
 //	nodekit explain node NAME                              why a node is (not) Ready
 //	nodekit explain service NS/NAME                        why a Service does (not) answer
 //
@@ -50,6 +51,8 @@ func run(args []string) int {
 		code, err = runStatus(args[1:])
 	case "load":
 		code, err = runLoad(args[1:])
+	case "restart":
+		code, err = runRestart(args[1:])
 	case "supervise":
 		// Internal: the detached supervisor `up --detach` leaves running.
 		code, err = runSupervise(args[1:])
@@ -81,6 +84,7 @@ commands:
   down      stop the cluster and remove everything it made
   status    report each part of the cluster
   load      import an image tarball into every node's containerd
+  restart   restart one part (restart kubelet --node node-1)
   explain   explain a node (explain node NAME) or a Service (explain service NS/NAME)
 
 Run "nodekit COMMAND -h" for the flags of a command.

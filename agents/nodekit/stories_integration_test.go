@@ -183,6 +183,16 @@ func TestSeedStories(t *testing.T) {
 	assert.Equal(t, exitUnhealthy, code)
 	assert.Regexp(t, `(?m)^kube-proxy\s+node-1\s+\d+\s+NOT RUNNING`, out)
 
+	// Healed when kube-proxy runs again: the rules follow the endpoint.
+	_, stderr, code = nodekit(t, nil, "restart", "kube-proxy", "--node", "node-1", "--state-dir", stateDir)
+	require.Equal(t, 0, code, stderr)
+	require.Eventually(t, func() bool { _, code := explain("service", "default/echo"); return code == exitOK },
+		30*time.Second, 250*time.Millisecond, "kube-proxy restarted must bring the rules back to the endpoint")
+	out, _ = explain("service", "default/echo")
+	assert.Contains(t, out, "kernel rule (nftables table ip kube-proxy): "+svc.Spec.ClusterIP+" . tcp . 80 -> dnat 10.244.1.99:8080")
+	st, err = cluster.LoadState(stateDir)
+	require.NoError(t, err)
+
 	// Story 3: the kubelet dies; its node goes Unknown while the runtime lives on.
 	kl := processOf(st, "kubelet", "node-1")
 	require.True(t, kl.Alive())
@@ -196,6 +206,19 @@ func TestSeedStories(t *testing.T) {
 	assert.Contains(t, out, "The kubelet on node-1 went quiet: its last heartbeat was")
 	assert.Contains(t, out, "kubelet http://127.0.0.1:10248/healthz does not answer")
 	assert.Contains(t, out, "The container runtime on the node still answers, so they very likely are.")
+
+	// Healed when the kubelet runs again.
+	_, stderr, code = nodekit(t, nil, "restart", "kubelet", "--node", "node-1", "--state-dir", stateDir)
+	require.Equal(t, 0, code, stderr)
+	require.Eventually(t, func() bool { return readyCondition(ctx, client, "node-1").Status == corev1.ConditionTrue },
+		45*time.Second, 250*time.Millisecond, "the node must be Ready again once the kubelet runs")
+	require.Eventually(t, func() bool { _, code := explain("node", "node-1"); return code == exitOK },
+		15*time.Second, 500*time.Millisecond, "explain must say healthy once the kubelet is back")
+	_, stderr, code = nodekit(t, nil, "restart", "kubelet", "--node", "node-9", "--state-dir", stateDir)
+	assert.Equal(t, exitError, code)
+	assert.Contains(t, stderr, "no such part: kubelet on node node-9")
+	st, err = cluster.LoadState(stateDir)
+	require.NoError(t, err)
 
 	_, stderr, code = nodekit(t, nil, "down", "--state-dir", stateDir)
 	require.Equal(t, 0, code, stderr)

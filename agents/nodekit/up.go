@@ -296,3 +296,37 @@ func runLoad(args []string) (int, error) {
 	}
 	return exitOK, nil
 }
+
+func runRestart(args []string) (int, error) {
+	fs := flag.NewFlagSet("restart", flag.ContinueOnError)
+	name, dir := stateDirFlag(fs)
+	node := fs.String("node", "", "the node whose part to restart (empty: a control-plane part)")
+	var parts []string
+	rest := args
+	for len(rest) > 0 {
+		if err := fs.Parse(rest); err != nil {
+			return exitError, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		rest = fs.Args()
+		if len(rest) > 0 {
+			parts = append(parts, rest[0])
+			rest = rest[1:]
+		}
+	}
+	if len(parts) != 1 {
+		return exitError, fmt.Errorf("%w: nodekit restart PART [--node NODE], PART one of etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd, kubelet, kube-proxy", errUsage)
+	}
+	if *dir == "" {
+		*dir = defaultStateDir(*name)
+	}
+	st, err := cluster.LoadState(*dir)
+	if err != nil {
+		return exitError, err
+	}
+	p, err := cluster.Restart(st, parts[0], *node)
+	if err != nil {
+		return exitError, err
+	}
+	fmt.Fprintf(os.Stderr, "nodekit restart: %s %s running again as pid %d (log %s)\n", p.Name, p.Node, p.PID, p.Log)
+	return exitOK, nil
+}

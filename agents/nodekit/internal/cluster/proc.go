@@ -45,17 +45,22 @@ func startIn(ns, logPath, bin string, args ...string) (*exec.Cmd, error) {
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, err
 	}
+	return startCommand(logPath, append([]string{"nsenter", "--net=" + nsPath(ns), "--", bin}, args...))
+}
+
+// startCommand starts argv in its own process group, output appended to logPath, and
+// reaps it when it exits.
+func startCommand(logPath string, argv []string) (*exec.Cmd, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	defer logFile.Close()
-	full := append([]string{"--net=" + nsPath(ns), "--", bin}, args...)
-	cmd := exec.Command("nsenter", full...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s in %s: %w", bin, ns, err)
+		return nil, fmt.Errorf("start %s: %w", strings.Join(argv, " "), err)
 	}
 	// Reap it when it exits, whoever stops it, so it never lingers as a zombie.
 	go func() { _ = cmd.Wait() }()

@@ -38,6 +38,9 @@ type Process struct {
 	// Node is the node it serves, "" for the control plane and the supervisor.
 	Node string `json:"node,omitempty"`
 	Log  string `json:"log,omitempty"`
+	// Command is the full command line it was started with (nsenter included), so
+	// `nodekit restart` starts it again exactly so.
+	Command []string `json:"command,omitempty"`
 }
 
 // Node is one node namespace.

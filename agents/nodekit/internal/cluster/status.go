@@ -91,3 +91,37 @@ func Load(ctx context.Context, st *State, tar string) error {
 	}
 	return nil
 }
+
+// ErrNoSuchPart marks a restart of a part the state does not record.
+var ErrNoSuchPart = errors.New("no such part")
+
+// Restart stops the recorded process name (on node, "" for the control plane) if it
+// still runs and starts it again with the same command line, recording its new PID.
+// It is how the seed's stories heal: restart the kubelet or kube-proxy that was killed.
+func Restart(st *State, name, node string) (Process, error) {
+	for i, p := range st.Processes {
+		if p.Name != name || p.Node != node {
+			continue
+		}
+		if len(p.Command) == 0 {
+			return Process{}, fmt.Errorf("%s cannot be restarted (no recorded command; the supervisor is restarted by nodekit up)", name)
+		}
+		stop(p, stopGrace)
+		cmd, err := startCommand(p.Log, p.Command)
+		if err != nil {
+			return Process{}, err
+		}
+		t, err := startTime(cmd.Process.Pid)
+		if err != nil {
+			return Process{}, fmt.Errorf("%s exited at once (see %s): %w", name, p.Log, err)
+		}
+		p.PID, p.StartTime = cmd.Process.Pid, t
+		st.Processes[i] = p
+		return p, st.save()
+	}
+	where := "the control plane"
+	if node != "" {
+		where = "node " + node
+	}
+	return Process{}, fmt.Errorf("%w: %s on %s", ErrNoSuchPart, name, where)
+}

@@ -436,7 +436,7 @@ func nsNames(nodes []Node) []string {
 }
 
 func (c *Cluster) record(name, node, logPath string, cmd *exec.Cmd) error {
-	p := Process{Name: name, PID: cmd.Process.Pid, Node: node, Log: logPath}
+	p := Process{Name: name, PID: cmd.Process.Pid, Node: node, Log: logPath, Command: cmd.Args}
 	// nsenter execs the binary: the start time read now is the binary's.
 	st, err := startTime(p.PID)
 	if err != nil {
