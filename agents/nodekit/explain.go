@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,6 +37,8 @@ type explainFlags struct {
 	proxyHealthz, proxyMode, nftTable           string
 	timeout                                     time.Duration
 	stateDir, name, node                        string
+	traceFrom                                   string
+	inCluster                                   string
 }
 
 func runExplain(args []string) (int, error) {
@@ -54,6 +57,8 @@ func runExplain(args []string) (int, error) {
 	fs.DurationVar(&f.timeout, "timeout", 20*time.Second, "overall time limit")
 	fs.StringVar(&f.name, "name", "nodekit", "the nodekit cluster to explain (when no --kubeconfig is given)")
 	fs.StringVar(&f.stateDir, "state-dir", "", "the nodekit cluster's state dir (default: the one for --name)")
+	fs.StringVar(&f.traceFrom, "trace-from", "", "explain service: trace a new connection from this client IP through the kernel's rules (needs --proxy-mode)")
+	fs.StringVar(&f.inCluster, "nodekit-cluster", "", "set by nodekit itself when it explains inside a node of a nodekit cluster: the state dir, for next steps that fit it")
 	fs.StringVar(&f.node, "node", "", "in a nodekit cluster: the node whose kube-proxy and rules explain service reads (default: the first)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), "usage: nodekit explain node NAME | service NS/NAME [flags]\n\n")
@@ -123,6 +128,13 @@ func runExplain(args []string) (int, error) {
 			return exitError, fmt.Errorf("%w: service %q: want NAMESPACE/NAME", errUsage, pos[1])
 		}
 		opts := explain.ServiceOptions{Client: client, KubeProxyHealthzURL: f.proxyHealthz}
+		if f.traceFrom != "" {
+			a, err := netip.ParseAddr(f.traceFrom)
+			if err != nil || !a.Is4() {
+				return exitError, fmt.Errorf("%w: --trace-from %q is not an IPv4 address", errUsage, f.traceFrom)
+			}
+			opts.TraceFrom = a
+		}
 		switch f.proxyMode {
 		case "", "none":
 		case "nftables":
@@ -143,6 +155,11 @@ func runExplain(args []string) (int, error) {
 		d = explain.DiagnoseService(explain.GatherService(ctx, ns, name, opts), time.Now())
 	default:
 		return exitError, fmt.Errorf("%w: cannot explain a %q: want node or service", errUsage, pos[0])
+	}
+	if f.inCluster != "" {
+		if st, err := cluster.LoadState(f.inCluster); err == nil {
+			d.Next = nodekitNext(d.Next, st, f.node)
+		}
 	}
 	var out io.Writer = os.Stdout
 	if f.output == "json" {
@@ -178,7 +195,11 @@ func explainInNode(st *cluster.State, pos []string, f *explainFlags) (int, error
 	if err != nil {
 		return exitError, err
 	}
-	args := []string{"explain", pos[0], pos[1], "-o", f.output, "--node-monitor-grace-period", st.GracePeriod, "--timeout", f.timeout.String()}
+	args := []string{"explain", pos[0], pos[1], "-o", f.output, "--node-monitor-grace-period", st.GracePeriod, "--timeout", f.timeout.String(),
+		"--nodekit-cluster", st.StateDir, "--node", nodeName}
+	if f.traceFrom != "" {
+		args = append(args, "--trace-from", f.traceFrom)
+	}
 	var cmd *exec.Cmd
 	if node == nil || os.Geteuid() != 0 {
 		args = append(args, "--kubeconfig", filepath.Join(st.StateDir, "kubeconfig"))
@@ -199,6 +220,41 @@ func explainInNode(st *cluster.State, pos []string, f *explainFlags) (int, error
 		return exitError, err
 	}
 	return exitOK, nil
+}
+
+// nodekitNext rewrites the generic next steps (systemd units, a node to log in to)
+// into their equivalents in a nodekit cluster: the part's log file, nodekit restart,
+// crictl inside the node's namespace.
+func nodekitNext(next []string, st *cluster.State, nodeName string) []string {
+	var node *cluster.Node
+	for i := range st.Nodes {
+		if st.Nodes[i].Name == nodeName {
+			node = &st.Nodes[i]
+		}
+	}
+	if node == nil {
+		return next
+	}
+	logOf := func(part string) string { return filepath.Join(st.StateDir, "logs", node.Name+"-"+part+".log") }
+	crictl := "nsenter --net=/var/run/netns/" + node.NetNS + " crictl --config " + filepath.Join(node.Dir, "crictl.yaml")
+	out := make([]string, 0, len(next)+1)
+	for _, n := range next {
+		switch {
+		case strings.HasPrefix(n, "journalctl -u kubelet"):
+			out = append(out, "tail -n 50 "+logOf("kubelet"), "nodekit restart kubelet --node "+node.Name+" --state-dir "+st.StateDir)
+		case strings.HasPrefix(n, "systemctl restart kube-proxy"):
+			out = append(out, "nodekit restart kube-proxy --node "+node.Name+" --state-dir "+st.StateDir, "tail -n 50 "+logOf("kube-proxy"))
+		case strings.HasPrefix(n, "systemctl status containerd"):
+			out = append(out, "nodekit restart containerd --node "+node.Name+" --state-dir "+st.StateDir, "tail -n 50 "+logOf("containerd"))
+		case strings.HasPrefix(n, "crictl "):
+			out = append(out, crictl+" "+strings.TrimPrefix(n, "crictl "))
+		case strings.HasPrefix(n, "nft list table"):
+			out = append(out, "ip netns exec "+node.NetNS+" "+strings.Split(n, "   #")[0])
+		default:
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 func orDefault(v, def string) string {

@@ -84,7 +84,7 @@ func TestSeedStories(t *testing.T) {
 	env := []string{"NODEKIT_PEERS_DIR=" + peers, "NODEKIT_IMAGES_DIR=" + images}
 	begin := time.Now()
 	out, stderr, code := nodekit(t, env, "up", "--detach", "--name", name, "--state-dir", stateDir, "--api-port", strconv.Itoa(freePort(t)),
-		"--node-monitor-grace-period", "10s", "--kubelet-binary", kubelet, "--kube-proxy-binary", kubeProxy)
+		"--node-monitor-grace-period", "20s", "--kubelet-binary", kubelet, "--kube-proxy-binary", kubeProxy)
 	t.Cleanup(func() {
 		if _, err := os.Stat(filepath.Join(stateDir, cluster.StateFile)); err == nil {
 			_, e, _ := nodekit(t, nil, "down", "--state-dir", stateDir)
@@ -179,6 +179,7 @@ func TestSeedStories(t *testing.T) {
 	assert.Contains(t, out, "service/default/echo: KubeProxyDown (NOT healthy)")
 	assert.Contains(t, out, "still send connections to 10.244.1.37, which no EndpointSlice lists any more")
 	assert.Contains(t, out, "the ready endpoint(s) 10.244.1.99 get no traffic through "+svc.Spec.ClusterIP)
+	assert.Contains(t, out, "$ nodekit restart kube-proxy --node node-1 --state-dir "+stateDir, "next steps fit a nodekit cluster")
 	out, code = nodekit2(t, "status", "--state-dir", stateDir)
 	assert.Equal(t, exitUnhealthy, code)
 	assert.Regexp(t, `(?m)^kube-proxy\s+node-1\s+\d+\s+NOT RUNNING`, out)
@@ -190,6 +191,8 @@ func TestSeedStories(t *testing.T) {
 		30*time.Second, 250*time.Millisecond, "kube-proxy restarted must bring the rules back to the endpoint")
 	out, _ = explain("service", "default/echo")
 	assert.Contains(t, out, "kernel rule (nftables table ip kube-proxy): "+svc.Spec.ClusterIP+" . tcp . 80 -> dnat 10.244.1.99:8080")
+	out, _ = explain("service", "default/echo", "--trace-from", "10.244.2.5")
+	assert.Contains(t, out, "trace 10.244.2.5 -> "+svc.Spec.ClusterIP+":80/TCP: DNAT to one of 10.244.1.99:8080")
 	st, err = cluster.LoadState(stateDir)
 	require.NoError(t, err)
 
@@ -198,7 +201,7 @@ func TestSeedStories(t *testing.T) {
 	require.True(t, kl.Alive())
 	require.NoError(t, syscall.Kill(kl.PID, syscall.SIGKILL))
 	require.Eventually(t, func() bool { return readyCondition(ctx, client, "node-1").Status == corev1.ConditionUnknown },
-		45*time.Second, 250*time.Millisecond, "the node lifecycle controller must mark the node Unknown after the 10s grace period")
+		45*time.Second, 250*time.Millisecond, "the node lifecycle controller must mark the node Unknown after the 20s grace period")
 	out, code = explain("node", "node-1")
 	t.Logf("kubelet killed:\n%s", out)
 	assert.Equal(t, exitUnhealthy, code)
@@ -206,6 +209,7 @@ func TestSeedStories(t *testing.T) {
 	assert.Contains(t, out, "The kubelet on node-1 went quiet: its last heartbeat was")
 	assert.Contains(t, out, "kubelet http://127.0.0.1:10248/healthz does not answer")
 	assert.Contains(t, out, "The container runtime on the node still answers, so they very likely are.")
+	assert.Contains(t, out, "$ tail -n 50 "+filepath.Join(stateDir, "logs", "node-1-kubelet.log"))
 
 	// Healed when the kubelet runs again.
 	_, stderr, code = nodekit(t, nil, "restart", "kubelet", "--node", "node-1", "--state-dir", stateDir)

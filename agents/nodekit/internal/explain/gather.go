@@ -171,9 +171,18 @@ type RulesReader interface {
 	Drift(ctx context.Context, st *rules.State) ([]rules.Drift, error)
 }
 
+// RulesTracer follows a packet through the kernel's Service rules; *rules.NFTables and
+// *rules.IPTables satisfy it.
+type RulesTracer interface {
+	Trace(ctx context.Context, p rules.Packet) (*rules.TraceResult, error)
+}
+
 // ServiceOptions say where to look; nil or empty local fields skip that check.
 type ServiceOptions struct {
-	Client kubernetes.Interface
+	// TraceFrom, when valid and Rules is a RulesTracer, traces a new connection from
+	// this client address to each of the Service's ports.
+	TraceFrom netip.Addr
+	Client    kubernetes.Interface
 	// KubeProxyHealthzURL is kube-proxy's healthz (upstream: http://127.0.0.1:10256/healthz).
 	KubeProxyHealthzURL string
 	// Rules reads the kernel's Service rules on this node; RulesBackend names it.
@@ -205,8 +214,42 @@ func GatherService(ctx context.Context, ns, name string, opts ServiceOptions) Se
 	}
 	if opts.Rules != nil && svc.Spec.Type != corev1.ServiceTypeExternalName && svc.Spec.ClusterIP != corev1.ClusterIPNone {
 		ev.Rules = readRules(ctx, opts.Rules, opts.RulesBackend, svc, ev.Slices)
+		if tr, ok := opts.Rules.(RulesTracer); ok && opts.TraceFrom.IsValid() && ev.Rules.Err == "" {
+			ev.Rules.Traces = traces(ctx, tr, opts.TraceFrom, svc)
+		}
 	}
 	return ev
+}
+
+// traces follows a new connection from client to each port of svc's cluster IP.
+func traces(ctx context.Context, tr RulesTracer, client netip.Addr, svc *corev1.Service) []string {
+	dst, err := netip.ParseAddr(svc.Spec.ClusterIP)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, sp := range svc.Spec.Ports {
+		r, err := tr.Trace(ctx, rules.Packet{Src: client, Dst: dst, Protocol: rules.Protocol(sp.Protocol), Port: int(sp.Port)})
+		head := fmt.Sprintf("trace %s -> %s:%d/%s", client, dst, sp.Port, sp.Protocol)
+		if err != nil {
+			out = append(out, head+": "+err.Error())
+			continue
+		}
+		line := head + ": " + r.Verdict
+		if len(r.Candidates) > 0 {
+			var c []string
+			for _, e := range r.Candidates {
+				c = append(c, e.String())
+			}
+			line += " to one of " + strings.Join(c, ", ")
+		}
+		if r.Masquerade {
+			line += " (masqueraded)"
+		}
+		line += " via " + strings.Join(r.Path, " > ")
+		out = append(out, line)
+	}
+	return out
 }
 
 func proxyHealth(ctx context.Context, url string) *ProxyHealth {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -74,6 +75,10 @@ func (f *fakeRules) ReadBack(context.Context) ([]rules.KernelService, error) {
 	return f.kernel, f.readErr
 }
 
+func (f *fakeRules) Trace(_ context.Context, p rules.Packet) (*rules.TraceResult, error) {
+	return &rules.TraceResult{Verdict: "DNAT", Candidates: []rules.Endpoint{endpoint("10.244.1.37:8080")}, Path: []string{"nat-prerouting", "services", p.Src.String()}}, nil
+}
+
 func (f *fakeRules) Drift(_ context.Context, st *rules.State) ([]rules.Drift, error) {
 	f.gotSt = st
 	return f.drift, nil
@@ -110,7 +115,7 @@ func TestGatherService(t *testing.T) {
 			{Kind: rules.UnexpectedService, Service: "10.96.0.1 . tcp . 443", Detail: "the kernel answers goto x"},
 		},
 	}
-	ev := GatherService(context.Background(), "default", "web", ServiceOptions{Client: client, KubeProxyHealthzURL: proxy.URL, Rules: fr, RulesBackend: "fake"})
+	ev := GatherService(context.Background(), "default", "web", ServiceOptions{Client: client, KubeProxyHealthzURL: proxy.URL, Rules: fr, RulesBackend: "fake", TraceFrom: netip.MustParseAddr("10.244.2.5")})
 	require.NotNil(t, ev.Service)
 	require.Len(t, ev.Slices, 1, "only the Service's own slices")
 	assert.Equal(t, 503, ev.KubeProxy.Status)
@@ -121,6 +126,7 @@ func TestGatherService(t *testing.T) {
 	assert.Equal(t, "http", fr.gotSt.Services[0].PortName)
 	require.Len(t, ev.Rules.Kernel, 1, "only this Service's cluster IP")
 	require.Len(t, ev.Rules.Drift, 1, "other Services' drift is left out")
+	assert.Equal(t, []string{"trace 10.244.2.5 -> 10.96.12.7:80/TCP: DNAT to one of 10.244.1.37:8080 via nat-prerouting > services > 10.244.2.5"}, ev.Rules.Traces)
 	d := DiagnoseService(ev, now)
 	assert.Equal(t, KubeProxyStale, d.Verdict)
 	assert.Contains(t, d.Summary, "last in sync 2m0s ago")

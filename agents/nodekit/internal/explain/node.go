@@ -137,12 +137,22 @@ func DiagnoseNode(ev NodeEvidence, now time.Time) Diagnosis {
 	if local == nil {
 		local = &NodeLocal{}
 	}
-	silent := (hasLease && leaseAge > grace) ||
-		(ready != nil && ready.Status == corev1.ConditionUnknown) ||
-		(local.Kubelet != nil && !local.Kubelet.OK())
+	// Seen from the API, the kubelet is silent when its Lease is older than the grace
+	// period or the node controller has marked the node Unknown. On the node, its own
+	// /healthz settles whether it is down, or up but not reaching the API server.
+	quietToAPI := (hasLease && leaseAge > grace) || (ready != nil && ready.Status == corev1.ConditionUnknown)
+	kubeletDown := local.Kubelet != nil && !local.Kubelet.OK()
+	kubeletUp := local.Kubelet.OK()
 
 	switch {
-	case silent:
+	case quietToAPI && kubeletUp && ready != nil && ready.Status == corev1.ConditionUnknown:
+		d.Verdict = KubeletSilent
+		d.Summary = fmt.Sprintf("The kubelet on %s is running (its /healthz answers) but its heartbeats do not reach the API server: the last Lease renewal the cluster saw was %s, and the node controller marked the node Unknown. Its containers keep running. Look at the kubelet's connection to the API server (network, credentials, the API server's load).", ev.Name, ago(now, now.Add(-leaseAge)))
+		d.Next = []string{
+			"journalctl -u kubelet --no-pager -n 50   # on " + ev.Name + ": errors talking to the API server",
+			"kubectl get --raw /readyz",
+		}
+	case kubeletDown || (quietToAPI && !kubeletUp):
 		d.Verdict = KubeletSilent
 		d.Summary = silentSummary(ev, ready, leaseAge, hasLease, grace, now)
 		d.Next = []string{

@@ -86,6 +86,18 @@ func TestDiagnoseNode(t *testing.T) {
 			evidence: []string{"kubelet http://127.0.0.1:10248/healthz does not answer: connection refused"},
 		},
 		{
+			name:     "lease a little late but the kubelet answers on the node: not silent, the network is the problem",
+			ev:       NodeEvidence{Name: "node-1", Node: node("node-1", cond(corev1.NodeReady, corev1.ConditionFalse, "KubeletNotReady", cniMessage)), Lease: lease("node-1", 12*time.Second), GracePeriod: 10 * time.Second, Local: &NodeLocal{Kubelet: healthyLocal.Kubelet}},
+			verdict:  NetworkNotReady,
+			evidence: []string{"Lease kube-node-lease/node-1 last renewed 12s ago (at 2026-12-03T05:59:48Z), longer than the 10s grace period"},
+		},
+		{
+			name:     "kubelet up on the node but not reaching the API server",
+			ev:       NodeEvidence{Name: "node-1", Node: silentNode, Lease: lease("node-1", 2*time.Minute), Local: &NodeLocal{Kubelet: healthyLocal.Kubelet}},
+			verdict:  KubeletSilent,
+			contains: []string{"is running (its /healthz answers) but its heartbeats do not reach the API server", "2m0s ago"},
+		},
+		{
 			name:     "eviction already under way",
 			ev:       NodeEvidence{Name: "node-1", Node: withTaintAge(silentNode, 400*time.Second), Lease: lease("node-1", 450*time.Second)},
 			verdict:  KubeletSilent,

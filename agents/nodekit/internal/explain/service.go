@@ -50,6 +50,8 @@ type RulesCheck struct {
 	Kernel []rules.KernelService
 	// Drift are the differences for this Service's ports only.
 	Drift []rules.Drift
+	// Traces are where a new connection from the traced client lands, one line per port.
+	Traces []string
 }
 
 // endpointState is one endpoint address with its conditions resolved as the API
@@ -277,7 +279,7 @@ func rulesLines(r *RulesCheck) []string {
 	for _, dr := range r.Drift {
 		out = append(out, "drift: "+dr.String())
 	}
-	return out
+	return append(out, r.Traces...)
 }
 
 // driftSummary lists the stale endpoint IPs (rules aiming at addresses no
