@@ -4,7 +4,8 @@
 #   sudo ./hack/up.sh [nodekit up flags...]      e.g. --nodes 3, --detach, --name demo
 #
 # On a fresh Debian 12 machine, as root, it installs what is missing (hack/setup-host.sh,
-# hack/setup-containerd.sh: containerd, runc, CNI plugins, the pause and busybox images),
+# hack/setup-containerd.sh: containerd, runc, CNI plugins, the pause and busybox images;
+# hack/build-coredns.sh: the CoreDNS image kubeadm deploys, built from the Go module proxy),
 # builds the control-plane peers (hack/build-peers.sh: minutes the first time, cached by
 # content afterwards), builds nodekit and, when they are in the tree, nodekit's kubelet
 # and kube-proxy agents into ${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin, and then execs
@@ -26,7 +27,8 @@ fi
 "$root/hack/setup-host.sh" >&2
 NODEKIT_PEERS_DIR=$("$root/hack/build-peers.sh")
 NODEKIT_IMAGES_DIR=$("$root/hack/setup-containerd.sh")
-export NODEKIT_PEERS_DIR NODEKIT_IMAGES_DIR
+NODEKIT_COREDNS_IMAGE_TAR=$("$root/hack/build-coredns.sh")
+export NODEKIT_PEERS_DIR NODEKIT_IMAGES_DIR NODEKIT_COREDNS_IMAGE_TAR
 
 bin=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin
 mkdir -p "$bin"

@@ -281,3 +281,47 @@ func TestUpForegroundCtrlC(t *testing.T) {
 	assert.Empty(t, mountsUnder(t, stateDir))
 	assert.Empty(t, netnsWithPrefix(t, "nk-"+name+"-"))
 }
+
+// TestCoreDNSAddon: with the CoreDNS image hack/build-coredns.sh builds, up imports it
+// into every node and deploys the add-on as kubeadm does.
+func TestCoreDNSAddon(t *testing.T) {
+	peers, images, crictl := upEnv(t)
+	tar := os.Getenv("NODEKIT_COREDNS_IMAGE_TAR")
+	if tar == "" {
+		testenv.Unavailable(t, "NODEKIT_COREDNS_IMAGE_TAR is unset: export NODEKIT_COREDNS_IMAGE_TAR=$(hack/build-coredns.sh)")
+	}
+	kubectl := filepath.Join(peers, "kubectl")
+	name := fmt.Sprintf("d%d", os.Getpid()%100000)
+	stateDir := filepath.Join(t.TempDir(), "state")
+	out, stderr, code := nodekit(t, []string{"NODEKIT_PEERS_DIR=" + peers, "NODEKIT_IMAGES_DIR=" + images},
+		"up", "--detach", "--name", name, "--state-dir", stateDir, "--api-port", strconv.Itoa(freePort(t)),
+		"--nodes", "2", "--kubelet-binary", "none", "--kube-proxy-binary", "none", "--coredns-image-tar", tar)
+	t.Cleanup(func() {
+		if _, err := os.Stat(filepath.Join(stateDir, cluster.StateFile)); err == nil {
+			nodekit(t, nil, "down", "--state-dir", stateDir)
+		}
+	})
+	require.Equal(t, 0, code, "%s\n%s", out, stderr)
+	assert.Contains(t, stderr, "CoreDNS add-on deployed (kube-dns at 10.96.0.10)")
+	kc := filepath.Join(stateDir, "kubeconfig")
+	get := func(args ...string) string {
+		b, err := exec.Command(kubectl, append([]string{"--kubeconfig", kc}, args...)...).CombinedOutput()
+		require.NoError(t, err, "kubectl %v: %s", args, b)
+		return string(b)
+	}
+	assert.Equal(t, "10.96.0.10 dns/UDP/53 dns-tcp/TCP/53 metrics/TCP/9153 ",
+		get("get", "service", "-n", "kube-system", "kube-dns", "-o", `jsonpath={.spec.clusterIP} {range .spec.ports[*]}{.name}/{.protocol}/{.port} {end}`))
+	assert.Contains(t, get("get", "configmap", "-n", "kube-system", "coredns", "-o", "jsonpath={.data.Corefile}"), "kubernetes cluster.local in-addr.arpa ip6.arpa {")
+	assert.Equal(t, cluster.CoreDNSImage, get("get", "deployment", "-n", "kube-system", "coredns", "-o", "jsonpath={.spec.template.spec.containers[0].image}"))
+	assert.Equal(t, "yes\n", get("auth", "can-i", "list", "endpointslices.discovery.k8s.io", "--as=system:serviceaccount:kube-system:coredns"))
+	st, err := cluster.LoadState(stateDir)
+	require.NoError(t, err)
+	for _, n := range st.Nodes {
+		b, err := exec.Command("nsenter", "--net=/var/run/netns/"+n.NetNS, crictl, "--config", filepath.Join(n.Dir, "crictl.yaml"), "images").CombinedOutput()
+		require.NoError(t, err, "%s", b)
+		assert.Regexp(t, `registry.k8s.io/coredns/coredns\s+v1.14.6`, string(b), "node %s", n.Name)
+	}
+	_, stderr, code = nodekit(t, nil, "down", "--state-dir", stateDir)
+	require.Equal(t, 0, code, stderr)
+	assert.Empty(t, netnsWithPrefix(t, "nk-"+name+"-"))
+}

@@ -62,6 +62,9 @@ type Config struct {
 	// KubeletBinary and KubeProxyBinary are nodekit's agents; empty leaves the nodes
 	// with containerd only.
 	KubeletBinary, KubeProxyBinary string
+	// CoreDNSImageTar is the CoreDNS image hack/build-coredns.sh builds (CoreDNSImage);
+	// empty leaves the DNS add-on out.
+	CoreDNSImageTar string
 	// NodeMonitorGracePeriod is kube-controller-manager's flag; zero means upstream's 50s.
 	NodeMonitorGracePeriod time.Duration
 	// Log receives progress lines. Nil means none.
@@ -134,6 +137,11 @@ func CheckPrerequisites(c *Config) (*Images, error) {
 		}
 		if st, err := os.Stat(b); err != nil || st.Mode()&0o111 == 0 {
 			return nil, fmt.Errorf("%w: agent binary %s not found", ErrPrerequisite, b)
+		}
+	}
+	if c.CoreDNSImageTar != "" {
+		if _, err := os.Stat(c.CoreDNSImageTar); err != nil {
+			return nil, fmt.Errorf("%w: CoreDNS image %s not found (hack/build-coredns.sh builds it)", ErrPrerequisite, c.CoreDNSImageTar)
 		}
 	}
 	if c.ImagesDir == "" {
@@ -275,6 +283,20 @@ func (c *Cluster) build(ctx context.Context) error {
 		return err
 	}
 	c.logf("containerd ready on %d node(s) (%s)", len(c.st.Nodes), time.Since(begin).Round(time.Millisecond))
+	if c.cfg.CoreDNSImageTar != "" {
+		cfg, err := c.adminREST()
+		if err != nil {
+			return err
+		}
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return err
+		}
+		if err := poll(ctx, time.Minute, 200*time.Millisecond, func(ctx context.Context) error { return deployCoreDNS(ctx, client) }); err != nil {
+			return err
+		}
+		c.logf("CoreDNS add-on deployed (kube-dns at %s)", ClusterDNS)
+	}
 	if c.cfg.KubeletBinary != "" || c.cfg.KubeProxyBinary != "" {
 		if err := c.agents(ctx); err != nil {
 			return err
@@ -582,7 +604,11 @@ func (c *Cluster) startRuntimes(ctx context.Context) error {
 		if err := c.waitRuntime(ctx, n); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
-		for _, tar := range []string{c.images.PauseTar, c.images.BusyboxTar} {
+		tars := []string{c.images.PauseTar, c.images.BusyboxTar}
+		if c.cfg.CoreDNSImageTar != "" {
+			tars = append(tars, c.cfg.CoreDNSImageTar)
+		}
+		for _, tar := range tars {
 			if err := importImage(ctx, n, tar); err != nil {
 				return fmt.Errorf("node %s: %w", n.Name, err)
 			}
