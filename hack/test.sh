@@ -2,7 +2,7 @@
 # nodekit's one test command. On a fresh Debian 12 machine, as root, it:
 #   1. installs the host packages the tests use, when missing (apt-get);
 #   2. builds the peer binaries (k8s.io/kubernetes v1.37.2, embedded etcd) or reuses the cache;
-#   3. builds the local container images or reuses the cache;
+#   3. builds the local container images (pause, busybox, CoreDNS) or reuses the cache;
 #   4. lints both modules (gofmt, go vet, staticcheck, go mod tidy -diff);
 #   5. runs every test with -race: the harness self-tests first, verbosely, so the log shows
 #      their start-up times, then everything else.
@@ -39,6 +39,8 @@ phase "container images"
 if [ "$(id -u)" -eq 0 ]; then
   NODEKIT_IMAGES_DIR=$("$root/hack/setup-containerd.sh")
   export NODEKIT_IMAGES_DIR
+  NODEKIT_COREDNS_IMAGE_TAR=$("$root/hack/build-coredns.sh")
+  export NODEKIT_COREDNS_IMAGE_TAR
 else
   echo "not root: skipping containerd images"
 fi
