@@ -645,3 +645,10 @@ func (n *nodeStatus) pressure() pressures {
 	}
 	return p
 }
+
+// allocatable is the node's allocatable resources as the status reports them.
+func (n *nodeStatus) allocatable() corev1.ResourceList {
+	node := &corev1.Node{}
+	n.setMachineInfo(node)
+	return node.Status.Allocatable
+}
