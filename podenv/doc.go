@@ -50,8 +50,8 @@
 // The kubelet builds the list from Go maps, so its order is random from one
 // container start to the next. Env returns the same set of variables in a stable
 // order instead: envFrom variables that no env entry redefines, in the order they
-// were first defined, then env entries in declaration order, then the service
-// variables sorted by name.
+// were first defined (keys of one configMap or secret sorted), then env entries in
+// declaration order, then the service variables sorted by name.
 //
 // # Concurrency and cancellation
 //

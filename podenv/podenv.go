@@ -151,8 +151,9 @@ func (b *Builder) Env(ctx context.Context, pod *corev1.Pod, container *corev1.Co
 		env.define(ev.Name, value)
 	}
 
-	out := make([]*runtimeapi.KeyValue, 0, len(env.order)+len(serviceEnv))
-	for _, name := range env.order {
+	order := env.order()
+	out := make([]*runtimeapi.KeyValue, 0, len(order)+len(serviceEnv))
+	for _, name := range order {
 		out = append(out, &runtimeapi.KeyValue{Key: name, Value: []byte(env.values[name])})
 	}
 	for _, name := range sortedKeys(serviceEnv) {
@@ -172,7 +173,6 @@ type orderedEnv struct {
 	fromEnv  map[string]bool
 	fromList []string
 	envList  []string
-	order    []string
 }
 
 func newOrderedEnv() *orderedEnv {
@@ -185,7 +185,6 @@ func (e *orderedEnv) set(name, value string) {
 		e.fromList = append(e.fromList, name)
 	}
 	e.values[name] = value
-	e.rebuild()
 }
 
 // define records an env entry; a later entry of the same name replaces the value
@@ -196,17 +195,16 @@ func (e *orderedEnv) define(name, value string) {
 		e.envList = append(e.envList, name)
 	}
 	e.values[name] = value
-	e.rebuild()
 }
 
-func (e *orderedEnv) rebuild() {
-	e.order = e.order[:0]
+func (e *orderedEnv) order() []string {
+	out := make([]string, 0, len(e.fromList)+len(e.envList))
 	for _, n := range e.fromList {
 		if !e.fromEnv[n] {
-			e.order = append(e.order, n)
+			out = append(out, n)
 		}
 	}
-	e.order = append(e.order, e.envList...)
+	return append(out, e.envList...)
 }
 
 func sortedKeys[V any](m map[string]V) []string {

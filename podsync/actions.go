@@ -7,7 +7,7 @@ import (
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/dump"
+	"k8s.io/utils/dump"
 )
 
 // KillReason says why a container is to be killed; it picks the grace period
@@ -70,6 +70,10 @@ type ActionOptions struct {
 	// annotation, as a lowercase hex string. Nil means ContainerHash. Pass the hash
 	// function of your ConfigBuilder if it writes another one.
 	Hash func(*corev1.Container) string
+	// RuntimeName prefixes the container IDs handed to Probes, which are in
+	// ContainerStatus.ContainerID form ("containerd://<id>"). Empty means
+	// DefaultRuntimeName.
+	RuntimeName string
 }
 
 // ContainerHash is the kubelet's container hash as nodekit writes it: FNV-32a over

@@ -1,7 +1,9 @@
 package podsync
 
 import (
-	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,9 +21,9 @@ const (
 )
 
 // Backoff keeps one delay per key, doubling from Initial to Max, with the
-// kubelet's rule for forgetting: a key whose last failure is more than twice Max
-// (10 minutes with the defaults) older than the event being judged starts again
-// from Initial. It is client-go's flowcontrol.Backoff, the type the kubelet itself
+// kubelet's rule for forgetting: a key whose last failure is more than
+// BackoffReset (10 minutes) older than the event being judged starts again from
+// Initial. It is client-go's flowcontrol.Backoff, the type the kubelet itself
 // uses, on an injected clock. Safe for concurrent use.
 type Backoff struct {
 	b *flowcontrol.Backoff
@@ -33,8 +35,17 @@ func NewBackoff(clk clock.Clock) *Backoff {
 	return NewBackoffWith(clk, DefaultBackoffInitial, DefaultBackoffMax)
 }
 
-// NewBackoffWith returns a Backoff with other bounds. Non-positive values take the
-// defaults.
+// BackoffReset is how long after its last failure a key is forgotten: the
+// kubelet's crash-loop back-off uses a fixed 10 minutes whatever its maximum
+// (kubelet.go sets HasExpiredFunc so), which is also twice the image back-off's
+// 300s maximum.
+const BackoffReset = 10 * time.Minute
+
+// NewBackoffWith returns a Backoff with other bounds, for the kubelet's
+// crashLoopBackOff.maxContainerRestartPeriod (KubeletCrashLoopBackOffMax, on by
+// default): as the kubelet does, an initial delay above the maximum is lowered
+// to it. Non-positive values take the defaults. Keys are still forgotten
+// BackoffReset after their last failure.
 func NewBackoffWith(clk clock.Clock, initial, maxDelay time.Duration) *Backoff {
 	if clk == nil {
 		clk = clock.RealClock{}
@@ -45,7 +56,14 @@ func NewBackoffWith(clk clock.Clock, initial, maxDelay time.Duration) *Backoff {
 	if maxDelay <= 0 {
 		maxDelay = DefaultBackoffMax
 	}
-	return &Backoff{b: flowcontrol.NewFakeBackOff(initial, maxDelay, clk)}
+	if maxDelay < initial {
+		initial = maxDelay
+	}
+	b := flowcontrol.NewFakeBackOff(initial, maxDelay, clk)
+	b.HasExpiredFunc = func(eventTime, lastUpdate time.Time, _ time.Duration) bool {
+		return eventTime.Sub(lastUpdate) > BackoffReset
+	}
+	return &Backoff{b: b}
 }
 
 // InBackoff reports whether key is still waiting out its delay, counted from
@@ -73,13 +91,19 @@ func (b *Backoff) Delay(key string) time.Duration { return b.b.Get(key) }
 // Reset forgets key.
 func (b *Backoff) Reset(key string) { b.b.Reset(key) }
 
-// GC forgets every key whose last failure is older than twice Max. Call it now and
-// then (the kubelet does every minute or so) to bound memory.
+// GC forgets every key whose last failure is older than BackoffReset. Call it
+// now and then (the kubelet does on its housekeeping) to bound memory.
 func (b *Backoff) GC() { b.b.GC() }
 
 // ContainerBackoffKey is the key the kubelet uses for a container's restart
-// back-off: pod name, namespace and UID, container name and the container's
-// spec hash, so a changed spec starts with a fresh delay.
-func ContainerBackoffKey(pod *corev1.Pod, container *corev1.Container, hash string) string {
-	return fmt.Sprintf("%s_%s_%s_%s_%s", pod.Name, pod.Namespace, string(pod.UID), container.Name, hash)
+// back-off (kuberuntime GetBackoffKey, v1.37.2): FNV-64a, in hex, over the pod's
+// name, namespace and UID and the container's name, image and resources joined
+// with "/", so a changed image or resources starts with a fresh delay.
+func ContainerBackoffKey(pod *corev1.Pod, container *corev1.Container) string {
+	key := strings.Join([]string{
+		pod.Name, pod.Namespace, string(pod.UID), container.Name, container.Image, container.Resources.String(),
+	}, "/")
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	return strconv.FormatUint(h.Sum64(), 16)
 }

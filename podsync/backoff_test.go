@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	testingclock "k8s.io/utils/clock/testing"
 )
 
@@ -58,14 +59,47 @@ func TestBackoffGC(t *testing.T) {
 	clk := testingclock.NewFakeClock(t0)
 	b := NewBackoffWith(clk, time.Second, 4*time.Second)
 	b.Next("old", clk.Now())
-	clk.Step(9 * time.Second)
+	clk.Step(5 * time.Minute)
 	b.Next("new", clk.Now())
+	clk.Step(5*time.Minute + time.Second)
 	b.GC()
-	assert.Zero(t, b.Delay("old"), "older than twice the cap: forgotten")
+	assert.Zero(t, b.Delay("old"), "10 minutes after its last failure: forgotten")
 	assert.Equal(t, time.Second, b.Delay("new"))
+}
+
+func TestBackoffWithCustomMax(t *testing.T) {
+	clk := testingclock.NewFakeClock(t0)
+	// maxContainerRestartPeriod below the initial delay lowers the initial delay.
+	b := NewBackoffWith(clk, 10*time.Second, 5*time.Second)
+	b.Next("k", clk.Now())
+	assert.Equal(t, 5*time.Second, b.Delay("k"))
+	// A 60s maximum still resets after 10 minutes, not 2 x 60s.
+	b = NewBackoffWith(clk, 10*time.Second, 60*time.Second)
+	for i := 0; i < 4; i++ {
+		b.Next("k", clk.Now())
+	}
+	assert.Equal(t, 60*time.Second, b.Delay("k"))
+	clk.Step(9 * time.Minute)
+	b.Next("k", clk.Now())
+	assert.Equal(t, 60*time.Second, b.Delay("k"), "9 minutes is not enough")
+	clk.Step(10*time.Minute + time.Second)
+	b.Next("k", clk.Now())
+	assert.Equal(t, 10*time.Second, b.Delay("k"))
 }
 
 func TestContainerBackoffKey(t *testing.T) {
 	pod := testPod()
-	assert.Equal(t, "web_default_uid-1_app_1a2b", ContainerBackoffKey(pod, &corev1.Container{Name: "app"}, "1a2b"))
+	app := &corev1.Container{Name: "app", Image: "busybox:1.36"}
+	key := ContainerBackoffKey(pod, app)
+	assert.Regexp(t, "^[0-9a-f]{1,16}$", key)
+	assert.Equal(t, key, ContainerBackoffKey(pod, app.DeepCopy()), "stable")
+	other := app.DeepCopy()
+	other.Image = "busybox:1.37"
+	assert.NotEqual(t, key, ContainerBackoffKey(pod, other), "a new image starts a fresh back-off")
+	other = app.DeepCopy()
+	other.Resources.Limits = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}
+	assert.NotEqual(t, key, ContainerBackoffKey(pod, other), "so do new resources")
+	other = app.DeepCopy()
+	other.Command = []string{"sh"}
+	assert.Equal(t, key, ContainerBackoffKey(pod, other), "other fields do not")
 }

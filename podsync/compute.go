@@ -9,19 +9,24 @@ import (
 
 // computer holds one ComputeActions run.
 type computer struct {
-	pod     *corev1.Pod
-	view    *PodView
-	probes  ProbeResults
-	hash    func(*corev1.Container) string
-	actions Actions
-	killed  map[string]bool
+	pod    *corev1.Pod
+	view   *PodView
+	probes ProbeResults
+	hash   func(*corev1.Container) string
+	// runtimeName prefixes container IDs given to probes.
+	runtimeName string
+	actions     Actions
+	killed      map[string]bool
 }
 
 func computeActions(pod *corev1.Pod, view *PodView, opts ActionOptions) Actions {
 	if view == nil {
 		view = &PodView{}
 	}
-	c := &computer{pod: pod, view: view, probes: opts.Probes, hash: opts.Hash, killed: map[string]bool{}}
+	c := &computer{pod: pod, view: view, probes: opts.Probes, hash: opts.Hash, runtimeName: opts.RuntimeName, killed: map[string]bool{}}
+	if c.runtimeName == "" {
+		c.runtimeName = DefaultRuntimeName
+	}
 	if c.probes == nil {
 		c.probes = noProbes{}
 	}
@@ -31,11 +36,22 @@ func computeActions(pod *corev1.Pod, view *PodView, opts ActionOptions) Actions 
 	return c.compute()
 }
 
+// Messages of the PodReadyToStartContainers condition when the pod needs a new
+// sandbox (pkg/kubelet/types), with its reason.
+const (
+	ReasonPodSandboxNotReady                  = "PodSandboxNotReady"
+	MessageNoPodSandbox                       = "no pod sandbox exists"
+	MessageMultipleSandboxes                  = "multiple pod sandboxes are ready and need to be reconciled"
+	MessageSandboxNotReady                    = "pod sandbox is not ready"
+	MessageSandboxNetworkNamespaceModeChanged = "network namespace mode changed and sandbox needs to be recreated"
+	MessageSandboxNoIPAddress                 = "pod sandbox has no IP address"
+)
+
 // sandboxChanged says whether the pod needs a new sandbox, the new sandbox's
-// attempt and the current sandbox's ID (runtimeutil.PodSandboxChanged).
-func sandboxChanged(pod *corev1.Pod, view *PodView) (bool, uint32, string) {
+// attempt, the current sandbox's ID and why (runtimeutil.PodSandboxChanged).
+func sandboxChanged(pod *corev1.Pod, view *PodView) (bool, uint32, string, string) {
 	if len(view.Sandboxes) == 0 {
-		return true, 0, ""
+		return true, 0, "", MessageNoPodSandbox
 	}
 	ready := 0
 	for _, sb := range view.Sandboxes {
@@ -48,16 +64,16 @@ func sandboxChanged(pod *corev1.Pod, view *PodView) (bool, uint32, string) {
 	switch {
 	case ready > 1:
 		// Several ready sandboxes: reconcile by starting over.
-		return true, next, newest.GetId()
+		return true, next, newest.GetId(), MessageMultipleSandboxes
 	case newest.GetState() != runtimeapi.PodSandboxState_SANDBOX_READY:
-		return true, next, newest.GetId()
+		return true, next, newest.GetId(), MessageSandboxNotReady
 	case newest.GetLinux().GetNamespaces().GetOptions().GetNetwork() != networkMode(pod):
 		// hostNetwork changed: the old sandbox cannot be reused.
-		return true, next, ""
+		return true, next, "", MessageSandboxNetworkNamespaceModeChanged
 	case !pod.Spec.HostNetwork && newest.GetNetwork() != nil && newest.GetNetwork().GetIp() == "":
-		return true, next, newest.GetId()
+		return true, next, newest.GetId(), MessageSandboxNoIPAddress
 	}
-	return false, newest.GetMetadata().GetAttempt(), newest.GetId()
+	return false, newest.GetMetadata().GetAttempt(), newest.GetId(), ""
 }
 
 func networkMode(pod *corev1.Pod) runtimeapi.NamespaceMode {
@@ -69,6 +85,60 @@ func networkMode(pod *corev1.Pod) runtimeapi.NamespaceMode {
 
 func restartOnFailure(pod *corev1.Pod) bool {
 	return pod.Spec.RestartPolicy != corev1.RestartPolicyNever
+}
+
+// ContainerShouldRestart reports whether a container that exited with exitCode
+// restarts: its restartPolicyRules first (the first rule whose exit codes
+// match; action Restart restarts), then its own restartPolicy, then the pod's
+// (pkg/api/v1/pod ContainerShouldRestart, ContainerRestartRules being on by
+// default since 1.35). RestartAllContainers actions (alpha) fall through to the
+// container's policy.
+func ContainerShouldRestart(ctr *corev1.Container, spec *corev1.PodSpec, exitCode int32) bool {
+	if ctr.RestartPolicy != nil {
+		if rule, ok := matchingRestartRule(ctr, exitCode); ok && rule.Action == corev1.ContainerRestartRuleActionRestart {
+			return true
+		}
+		switch *ctr.RestartPolicy {
+		case corev1.ContainerRestartPolicyAlways:
+			return true
+		case corev1.ContainerRestartPolicyOnFailure:
+			return exitCode != 0
+		case corev1.ContainerRestartPolicyNever:
+			return false
+		}
+	}
+	switch spec.RestartPolicy {
+	case corev1.RestartPolicyOnFailure:
+		return exitCode != 0
+	case corev1.RestartPolicyNever:
+		return false
+	}
+	return true
+}
+
+func matchingRestartRule(ctr *corev1.Container, exitCode int32) (corev1.ContainerRestartRule, bool) {
+	for _, rule := range ctr.RestartPolicyRules {
+		if rule.ExitCodes == nil {
+			continue
+		}
+		matched := false
+		for _, code := range rule.ExitCodes.Values {
+			if code == exitCode {
+				matched = true
+			}
+		}
+		switch rule.ExitCodes.Operator {
+		case corev1.ContainerRestartRuleOnExitCodesOpIn:
+			if matched {
+				return rule, true
+			}
+		case corev1.ContainerRestartRuleOnExitCodesOpNotIn:
+			if !matched {
+				return rule, true
+			}
+		}
+	}
+	return corev1.ContainerRestartRule{}, false
 }
 
 // IsRestartableInitContainer reports whether an init container is a sidecar
@@ -115,13 +185,7 @@ func (c *computer) shouldRestart(ctr *corev1.Container) bool {
 	case runtimeapi.ContainerState_CONTAINER_UNKNOWN, runtimeapi.ContainerState_CONTAINER_CREATED:
 		return true
 	}
-	switch c.pod.Spec.RestartPolicy {
-	case corev1.RestartPolicyNever:
-		return false
-	case corev1.RestartPolicyOnFailure:
-		return st.GetExitCode() != 0
-	}
-	return true
+	return ContainerShouldRestart(ctr, &c.pod.Spec, st.GetExitCode())
 }
 
 func (c *computer) kill(st *runtimeapi.ContainerStatus, ctr *corev1.Container, reason KillReason, msg string) {
@@ -134,8 +198,9 @@ func (c *computer) kill(st *runtimeapi.ContainerStatus, ctr *corev1.Container, r
 	})
 }
 
+// probe asks for a result by the container's status ID ("containerd://<id>").
 func (c *computer) probe(t ProbeType, id string) (ProbeResult, bool) {
-	return c.probes.ProbeResult(t, id)
+	return c.probes.ProbeResult(t, c.runtimeName+"://"+id)
 }
 
 func (c *computer) changed(ctr *corev1.Container, st *runtimeapi.ContainerStatus) bool {
@@ -156,7 +221,7 @@ func stateName(st *runtimeapi.ContainerStatus) string {
 
 func (c *computer) compute() Actions {
 	pod := c.pod
-	create, attempt, sandboxID := sandboxChanged(pod, c.view)
+	create, attempt, sandboxID, _ := sandboxChanged(pod, c.view)
 	c.actions = Actions{KillPod: create, CreateSandbox: create, SandboxID: sandboxID, Attempt: attempt}
 
 	if create {
@@ -167,7 +232,12 @@ func (c *computer) compute() Actions {
 		}
 		var start []int
 		for i := range pod.Spec.Containers {
-			if pod.Spec.RestartPolicy == corev1.RestartPolicyOnFailure && c.succeeded(&pod.Spec.Containers[i]) {
+			ctr := &pod.Spec.Containers[i]
+			runOnce := pod.Spec.RestartPolicy == corev1.RestartPolicyOnFailure
+			if ctr.RestartPolicy != nil {
+				runOnce = *ctr.RestartPolicy == corev1.ContainerRestartPolicyOnFailure
+			}
+			if runOnce && c.succeeded(ctr) {
 				continue
 			}
 			start = append(start, i)
@@ -205,6 +275,9 @@ func (c *computer) compute() Actions {
 		var msg string
 		var reason KillReason
 		restart := restartOnFailure(pod)
+		if ctr.RestartPolicy != nil {
+			restart = *ctr.RestartPolicy != corev1.ContainerRestartPolicyNever
+		}
 		if c.changed(ctr, st) {
 			msg = fmt.Sprintf("Container %s definition changed", ctr.Name)
 			restart = true
@@ -255,19 +328,10 @@ func (c *computer) initActions() bool {
 	if len(inits) == 0 {
 		return true
 	}
-	// A created or running app container proves initialization happened, even if
-	// the runtime has since removed the init containers.
-	initialized := false
-	for i := range pod.Spec.Containers {
-		st := c.latest(pod.Spec.Containers[i].Name)
-		if st == nil {
-			continue
-		}
-		if s := st.GetState(); s == runtimeapi.ContainerState_CONTAINER_CREATED || s == runtimeapi.ContainerState_CONTAINER_RUNNING {
-			initialized = true
-			break
-		}
-	}
+	// Any app container in the current sandbox proves initialization happened,
+	// even if the runtime has since removed the init containers; containers of
+	// an older sandbox (after a node reboot) prove nothing.
+	initialized := c.view.anyActiveRegular(pod)
 	previouslyInitialized := initialized
 	onFailure := restartOnFailure(pod)
 	var toStart []int
@@ -277,7 +341,7 @@ func (c *computer) initActions() bool {
 	for i := len(inits) - 1; i >= 0; i-- {
 		ctr := &inits[i]
 		sidecar := IsRestartableInitContainer(ctr)
-		st := c.latest(ctr.Name)
+		st := c.view.LatestActive(ctr.Name)
 		if st == nil {
 			if previouslyInitialized && sidecar {
 				toStart = append(toStart, i)
@@ -334,7 +398,7 @@ func (c *computer) initActions() bool {
 				break
 			}
 			if initFailed(st) {
-				if !onFailure {
+				if !c.shouldRestart(ctr) {
 					c.actions.KillPod = true
 					c.actions.InitContainersToStart = nil
 					return false
@@ -349,7 +413,12 @@ func (c *computer) initActions() bool {
 			}
 		default:
 			msg := fmt.Sprintf("Init container is in %q state, try killing it before restart", stateName(st))
-			if !sidecar && !onFailure {
+			restart := onFailure
+			if ctr.RestartPolicy != nil {
+				// No exit code to match rules against: the container's policy alone.
+				restart = *ctr.RestartPolicy != corev1.ContainerRestartPolicyNever
+			}
+			if !sidecar && !restart {
 				c.actions.KillPod = true
 				c.actions.InitContainersToStart = nil
 				return false

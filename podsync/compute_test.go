@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -125,7 +126,7 @@ func TestComputeActions(t *testing.T) {
 		name:   "liveness failure: kill and restart",
 		pod:    testPod(),
 		view:   view(ready(), cs{name: "app", id: "a1", state: running}, cs{name: "side", id: "s1", state: running}),
-		probes: probeMap{Liveness: {"a1": ProbeFailure, "s1": ProbeSuccess}},
+		probes: probeMap{Liveness: {"containerd://a1": ProbeFailure, "containerd://s1": ProbeSuccess}},
 		want: Actions{SandboxID: "sb1", ContainersToStart: []int{0}, ContainersToKill: []KillAction{
 			{ContainerID: "a1", Name: "app", Reason: KillLivenessProbe, Message: "Container app failed liveness probe, will be restarted"},
 		}},
@@ -133,7 +134,7 @@ func TestComputeActions(t *testing.T) {
 		name:   "startup failure under Never: kill, no restart, and the pod goes",
 		pod:    testPod(withPolicy(corev1.RestartPolicyNever), func(p *corev1.Pod) { p.Spec.Containers = p.Spec.Containers[:1] }),
 		view:   view(ready(), cs{name: "app", id: "a1", state: running}),
-		probes: probeMap{Startup: {"a1": ProbeFailure}},
+		probes: probeMap{Startup: {"containerd://a1": ProbeFailure}},
 		want: Actions{KillPod: true, SandboxID: "sb1", ContainersToKill: []KillAction{
 			{ContainerID: "a1", Name: "app", Reason: KillStartupProbe, Message: "Container app failed startup probe"},
 		}},
@@ -203,13 +204,13 @@ func TestComputeActions(t *testing.T) {
 		name:   "sidecar startup probe passed: the next init container starts",
 		pod:    testPod(withSidecar("proxy"), withInits("i2"), startupProbe),
 		view:   view(ready(), cs{name: "proxy", id: "p1", state: running}),
-		probes: probeMap{Startup: {"p1": ProbeSuccess}},
+		probes: probeMap{Startup: {"containerd://p1": ProbeSuccess}},
 		want:   Actions{SandboxID: "sb1", InitContainersToStart: []int{1}},
 	}, {
 		name:   "sidecar startup probe failed: kill and restart the sidecar",
 		pod:    testPod(withSidecar("proxy"), withInits("i2"), startupProbe),
 		view:   view(ready(), cs{name: "proxy", id: "p1", state: running}),
-		probes: probeMap{Startup: {"p1": ProbeFailure}},
+		probes: probeMap{Startup: {"containerd://p1": ProbeFailure}},
 		want: Actions{SandboxID: "sb1", InitContainersToStart: []int{0}, ContainersToKill: []KillAction{
 			{ContainerID: "p1", Name: "proxy", Reason: KillStartupProbe, Message: "Init container proxy failed startup probe"},
 		}},
@@ -228,7 +229,7 @@ func TestComputeActions(t *testing.T) {
 		name:   "sidecar liveness failure: kill and restart it",
 		pod:    testPod(withSidecar("proxy"), livenessProbe),
 		view:   view(ready(), cs{name: "proxy", id: "p1", state: running}, cs{name: "app", id: "a1", state: running, created: 1}, cs{name: "side", id: "s1", state: running, created: 1}),
-		probes: probeMap{Liveness: {"p1": ProbeFailure}},
+		probes: probeMap{Liveness: {"containerd://p1": ProbeFailure}},
 		want: Actions{SandboxID: "sb1", InitContainersToStart: []int{0}, ContainersToKill: []KillAction{
 			{ContainerID: "p1", Name: "proxy", Reason: KillLivenessProbe, Message: "Init container proxy failed liveness probe"},
 		}},
@@ -271,4 +272,72 @@ func TestComputeActionsIsPure(t *testing.T) {
 	assert.Equal(t, a1, a2)
 	assert.Equal(t, before, pod)
 	assert.Len(t, v.Containers, nBefore)
+}
+
+func TestComputeActionsProbeIDsCarryTheRuntimeName(t *testing.T) {
+	pod := testPod()
+	v := view(ready(), cs{name: "app", id: "a1", state: running}, cs{name: "side", id: "s1", state: running})
+	probes := probeMap{Liveness: {"cri-o://a1": ProbeFailure}}
+	assert.Empty(t, ComputeActions(pod, v, ActionOptions{Probes: probes}).ContainersToKill, "containerd:// by default")
+	got := ComputeActions(pod, v, ActionOptions{Probes: probes, RuntimeName: "cri-o"})
+	require.Len(t, got.ContainersToKill, 1)
+	assert.Equal(t, "a1", got.ContainersToKill[0].ContainerID)
+}
+
+func TestComputeActionsContainerRestartRules(t *testing.T) {
+	never, onFailure := corev1.ContainerRestartPolicyNever, corev1.ContainerRestartPolicyOnFailure
+	withCtrPolicy := func(p *corev1.ContainerRestartPolicy, rules ...corev1.ContainerRestartRule) func(*corev1.Pod) {
+		return func(pod *corev1.Pod) {
+			pod.Spec.Containers[0].RestartPolicy = p
+			pod.Spec.Containers[0].RestartPolicyRules = rules
+		}
+	}
+	restartOn := func(op corev1.ContainerRestartRuleOnExitCodesOperator, codes ...int32) corev1.ContainerRestartRule {
+		return corev1.ContainerRestartRule{Action: corev1.ContainerRestartRuleActionRestart,
+			ExitCodes: &corev1.ContainerRestartRuleOnExitCodes{Operator: op, Values: codes}}
+	}
+	tests := []struct {
+		name  string
+		pod   *corev1.Pod
+		exit  int32
+		start bool
+	}{
+		{"container Never in an Always pod", testPod(withCtrPolicy(&never)), 1, false},
+		{"container OnFailure in a Never pod, failed", testPod(withPolicy(corev1.RestartPolicyNever), withCtrPolicy(&onFailure)), 1, true},
+		{"container OnFailure in a Never pod, succeeded", testPod(withPolicy(corev1.RestartPolicyNever), withCtrPolicy(&onFailure)), 0, false},
+		{"rule In [42] matches", testPod(withPolicy(corev1.RestartPolicyNever), withCtrPolicy(&never, restartOn(corev1.ContainerRestartRuleOnExitCodesOpIn, 42))), 42, true},
+		{"rule In [42] does not match: container Never", testPod(withPolicy(corev1.RestartPolicyNever), withCtrPolicy(&never, restartOn(corev1.ContainerRestartRuleOnExitCodesOpIn, 42))), 1, false},
+		{"rule NotIn [0] matches a failure", testPod(withCtrPolicy(&never, restartOn(corev1.ContainerRestartRuleOnExitCodesOpNotIn, 0))), 3, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			v := view(ready(), cs{name: "app", id: "a1", state: exited, exit: tc.exit}, cs{name: "side", id: "s1", state: running})
+			got := ComputeActions(tc.pod, v, ActionOptions{})
+			assert.Equal(t, tc.start, len(got.ContainersToStart) == 1 && got.ContainersToStart[0] == 0, "%+v", got)
+		})
+	}
+
+	// A liveness kill of a container with restartPolicy Never does not restart it.
+	pod := testPod(withCtrPolicy(&never))
+	v := view(ready(), cs{name: "app", id: "a1", state: running}, cs{name: "side", id: "s1", state: running})
+	got := ComputeActions(pod, v, ActionOptions{Probes: probeMap{Liveness: {"containerd://a1": ProbeFailure}}})
+	assert.Empty(t, got.ContainersToStart)
+	require.Len(t, got.ContainersToKill, 1)
+	assert.Equal(t, "Container app failed liveness probe", got.ContainersToKill[0].Message)
+}
+
+func TestComputeActionsInitIgnoresOldSandboxContainers(t *testing.T) {
+	pod := testPod(withInits("i1", "i2"))
+	sbs := []*runtimeapi.PodSandboxStatus{sandbox("sb2", 1, true, "10.0.0.6"), sandbox("sb1", 0, false, "10.0.0.5")}
+	v := view(sbs, cs{name: "app", id: "old-app", state: exited, exit: 0}, cs{name: "i1", id: "new-i1", state: exited, created: 5})
+	v.ContainerSandboxes = map[string]string{"old-app": "sb1", "new-i1": "sb2"}
+	got := ComputeActions(pod, v, ActionOptions{})
+	assert.Equal(t, []int{1}, got.InitContainersToStart, "the old sandbox's app container does not mean initialized")
+	assert.Empty(t, got.ContainersToStart)
+
+	// In the current sandbox, an exited app container does mean initialized.
+	v.ContainerSandboxes["old-app"] = "sb2"
+	got = ComputeActions(pod, v, ActionOptions{})
+	assert.Empty(t, got.InitContainersToStart)
+	assert.Equal(t, []int{0, 1}, got.ContainersToStart)
 }

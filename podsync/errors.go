@@ -5,6 +5,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	crierrors "k8s.io/cri-api/pkg/errors"
 )
 
 // Sentinel errors. Each one's text is the kubelet's reason for the failure, the
@@ -20,6 +21,10 @@ var (
 	ErrImagePullBackOff = errors.New("ImagePullBackOff")
 	// ErrImageNeverPull: imagePullPolicy Never and the image is not on the node.
 	ErrImageNeverPull = errors.New("ErrImageNeverPull")
+	// ErrRegistryUnavailable and ErrSignatureValidationFailed: the runtime said so
+	// when pulling (k8s.io/cri-api/pkg/errors, the same values).
+	ErrRegistryUnavailable       = crierrors.ErrRegistryUnavailable
+	ErrSignatureValidationFailed = crierrors.ErrSignatureValidationFailed
 	// ErrInvalidImageName: the image name does not parse.
 	ErrInvalidImageName = errors.New("InvalidImageName")
 	// ErrCreateContainerConfig: the ConfigBuilder could not build the container's config.
@@ -38,6 +43,9 @@ var (
 	ErrConfigPodSandbox = errors.New("ConfigPodSandboxError")
 	// ErrKillPodSandbox: stopping the sandbox failed.
 	ErrKillPodSandbox = errors.New("KillPodSandboxError")
+	// ErrDeadlineExceeded: the pod ran past its activeDeadlineSeconds; SyncPod
+	// killed it instead of syncing it.
+	ErrDeadlineExceeded = errors.New("DeadlineExceeded")
 	// ErrInvalidPod: the pod lacks what is needed to run it (UID, name, namespace).
 	ErrInvalidPod = errors.New("invalid pod")
 	// ErrInvalidConfig: Config passed to New is unusable.
@@ -47,6 +55,7 @@ var (
 // reasons lists the sentinels that are kubelet reasons, most specific first.
 var reasons = []error{
 	ErrCrashLoopBackOff, ErrImagePullBackOff, ErrImageNeverPull, ErrInvalidImageName, ErrImagePull,
+	ErrRegistryUnavailable, ErrSignatureValidationFailed, errImageInspect,
 	ErrCreateContainerConfig, ErrCreateContainer, ErrRunContainer, ErrPostStartHook,
 	ErrKillContainer, ErrCreatePodSandbox, ErrConfigPodSandbox, ErrKillPodSandbox,
 }

@@ -23,7 +23,7 @@ const HookUserAgent = "kube-lifecycle/1.37"
 
 // ErrInvalidHook: a lifecycle handler sets no action, or an unusable one (an
 // unknown named port).
-var ErrInvalidHook = errors.New("invalid lifecycle handler")
+var ErrInvalidHook = errors.New("invalid handler")
 
 // formatPod is the kubelet's format.Pod: name_namespace(uid).
 func formatPod(pod *corev1.Pod) string {

@@ -121,10 +121,13 @@ const (
 	ProbeFailure
 )
 
-// ProbeResults gives the prober's cached results. containerID is the runtime's
-// ID without the "containerd://" scheme. ok is false when no worker runs that
-// probe for that container; the kubelet then treats a container as live, started
-// once running, and ready once running.
+// ProbeResults gives the prober's cached results. containerID is in
+// ContainerStatus.ContainerID form, "<runtime>://<id>" (e.g. "containerd://abc"),
+// as nodekit's probe.Manager keys its results; ProbeType's values are in the
+// order of probe.Type's. ok is false when there is no result: a container whose
+// spec has no such probe is then live, started once running and ready once
+// started, as in the kubelet; one whose spec has the probe is not yet started
+// (startup) or not yet ready (readiness).
 type ProbeResults interface {
 	ProbeResult(t ProbeType, containerID string) (result ProbeResult, ok bool)
 }
@@ -145,3 +148,33 @@ func (noProbes) ProbeResult(ProbeType, string) (ProbeResult, bool) { return Prob
 type discardEvents struct{}
 
 func (discardEvents) Eventf(runtime.Object, string, string, string, ...any) {}
+
+// Metrics receives what the kubelet counts while syncing pods. The agent adapts
+// it to Prometheus with the kubelet's names; the default drops everything.
+// Methods must be safe for concurrent use.
+type Metrics interface {
+	// SandboxStarted counts a RunPodSandbox attempt (kubelet_started_pods_total).
+	SandboxStarted()
+	// SandboxStartFailed counts a failed one (kubelet_started_pods_errors_total).
+	SandboxStartFailed()
+	// ContainerStarted counts a container start attempt past the restart
+	// back-off (kubelet_started_containers_total); containerType is
+	// "container" or "init_container".
+	ContainerStarted(containerType string)
+	// ContainerStartFailed counts a failed one with its reason word as code
+	// (kubelet_started_containers_errors_total{container_type, code}).
+	ContainerStartFailed(containerType, code string)
+}
+
+// Container types as the kubelet's metrics label them.
+const (
+	MetricContainer     = "container"
+	MetricInitContainer = "init_container"
+)
+
+type noMetrics struct{}
+
+func (noMetrics) SandboxStarted()                     {}
+func (noMetrics) SandboxStartFailed()                 {}
+func (noMetrics) ContainerStarted(string)             {}
+func (noMetrics) ContainerStartFailed(string, string) {}

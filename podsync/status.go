@@ -29,6 +29,10 @@ type StatusInput struct {
 	// decided it is done): stopped containers then give Succeeded or Failed
 	// whatever the restart policy.
 	Terminal bool
+	// AgentStart is when the agent (its prober) started. When set, a container
+	// that has run since at least 10s before it and has no readiness result
+	// yet keeps the readiness its pod had, as the kubelet does after a restart.
+	AgentStart time.Time
 	// RuntimeName prefixes container IDs ("containerd://<id>"); empty means
 	// DefaultRuntimeName.
 	RuntimeName string

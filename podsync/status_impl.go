@@ -59,11 +59,9 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	old := pod.Status
 	var s corev1.PodStatus
 
-	ready, _, _ := sandboxChanged(pod, view)
-	if !ready && view.Sandbox().GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
-		for _, ip := range view.IPs() {
-			s.PodIPs = append(s.PodIPs, corev1.PodIP{IP: ip})
-		}
+	newSandbox, _, _, why := sandboxChanged(pod, view)
+	for _, ip := range view.IPs() {
+		s.PodIPs = append(s.PodIPs, corev1.PodIP{IP: ip})
 	}
 	if len(s.PodIPs) > 0 {
 		s.PodIP = s.PodIPs[0].IP
@@ -75,10 +73,10 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	hasInits := len(pod.Spec.InitContainers) > 0
 	s.ContainerStatuses = containerStatuses(pod, view, in, old.ContainerStatuses, pod.Spec.Containers, hasInits, false)
 	s.InitContainerStatuses = containerStatuses(pod, view, in, old.InitContainerStatuses, pod.Spec.InitContainers, hasInits, true)
-	setProbeFlags(pod, &s, in.Probes)
+	setProbeFlags(pod, &s, in)
 
 	all := append(append([]corev1.ContainerStatus{}, s.ContainerStatuses...), s.InitContainerStatuses...)
-	s.Phase = phase(pod, all, in.Terminal)
+	s.Phase = phase(pod, all, in.Terminal, view.anyActiveRegular(pod))
 	if s.Phase != corev1.PodFailed && s.Phase != corev1.PodSucceeded &&
 		(old.Phase == corev1.PodFailed || old.Phase == corev1.PodSucceeded) {
 		s.Phase = old.Phase // never leave a terminal phase
@@ -97,9 +95,9 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 		}
 	}
 	statuses := append(append([]corev1.ContainerStatus{}, s.InitContainerStatuses...), s.ContainerStatuses...)
-	rtsc := corev1.PodCondition{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionFalse}
-	if !ready {
-		rtsc.Status = corev1.ConditionTrue
+	rtsc := corev1.PodCondition{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue}
+	if newSandbox {
+		rtsc = corev1.PodCondition{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionFalse, Reason: ReasonPodSandboxNotReady, Message: why}
 	}
 	s.Conditions = append(s.Conditions,
 		rtsc,
@@ -108,6 +106,14 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 		containersReadyCondition(&pod.Spec, statuses, s.Phase),
 		corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionTrue},
 	)
+	// PodObservedGenerationTracking (on by default since 1.34): the kubelet's
+	// conditions and the status record the generation they were computed for.
+	for i := range s.Conditions {
+		if kubeletConditions[s.Conditions[i].Type] {
+			s.Conditions[i].ObservedGeneration = pod.Generation
+		}
+	}
+	s.ObservedGeneration = pod.Generation
 	stampConditions(s.Conditions, old.Conditions, in.Now)
 
 	for _, ip := range in.HostIPs {
@@ -118,10 +124,13 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	}
 	if len(s.HostIPs) > 0 {
 		s.HostIP = s.HostIPs[0].IP
-		if pod.Spec.HostNetwork && s.PodIP == "" {
-			s.PodIP = s.HostIP
-			for _, h := range s.HostIPs {
-				s.PodIPs = append(s.PodIPs, corev1.PodIP{IP: h.IP})
+		if pod.Spec.HostNetwork {
+			if s.PodIP == "" {
+				s.PodIP = s.HostIP
+				s.PodIPs = []corev1.PodIP{{IP: s.HostIP}}
+			}
+			if len(s.HostIPs) == 2 && len(s.PodIPs) == 1 && isIPv6(s.PodIPs[0].IP) != isIPv6(s.HostIPs[1].IP) {
+				s.PodIPs = append(s.PodIPs, corev1.PodIP(s.HostIPs[1]))
 			}
 		}
 	}
@@ -133,6 +142,8 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	}
 	return s
 }
+
+func isIPv6(ip string) bool { return strings.Contains(ip, ":") }
 
 // stampConditions keeps an old condition's lastTransitionTime when its status
 // did not change, and stamps now otherwise (the status manager's rule).
@@ -150,18 +161,15 @@ func stampConditions(conds, old []corev1.PodCondition, now time.Time) {
 	}
 }
 
-// kubeState is one runtime container converted to the API's terms.
+// convertContainer turns one runtime container into the API's terms
+// (toKubeContainerStatus, then convertContainerStatus).
 func convertContainer(c *runtimeapi.ContainerStatus, view *PodView, runtimeName string, old *corev1.ContainerStatus) corev1.ContainerStatus {
 	cid := runtimeName + "://" + c.GetId()
-	image := c.GetImage().GetUserSpecifiedImage()
-	if image == "" {
-		image = c.GetImage().GetImage()
-	}
 	st := corev1.ContainerStatus{
 		Name:         ContainerName(c),
 		RestartCount: int32(RestartCount(c)),
-		Image:        image,
-		ImageID:      c.GetImageRef(),
+		Image:        c.GetImage().GetImage(),
+		ImageID:      imageID(c),
 		ContainerID:  cid,
 	}
 	if old != nil {
@@ -204,6 +212,15 @@ func convertContainer(c *runtimeapi.ContainerStatus, view *PodView, runtimeName 
 	return st
 }
 
+// imageID is the runtime's image_id when it reports one (CRI 1.30+), else
+// image_ref, as toKubeContainerStatus picks it.
+func imageID(c *runtimeapi.ContainerStatus) string {
+	if id := c.GetImageId(); id != "" {
+		return id
+	}
+	return c.GetImageRef()
+}
+
 func nanoTime(ns int64) metav1.Time {
 	if ns == 0 {
 		return metav1.Time{}
@@ -228,9 +245,10 @@ func containerStatuses(pod *corev1.Pod, view *PodView, in StatusInput, previous 
 	statuses := make(map[string]*corev1.ContainerStatus, len(containers))
 	for _, ctr := range containers {
 		st := &corev1.ContainerStatus{
-			Name:  ctr.Name,
-			Image: ctr.Image,
-			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: defaultReason}},
+			Name:         ctr.Name,
+			Image:        ctr.Image,
+			State:        corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: defaultReason}},
+			VolumeMounts: volumeMountStatuses(&ctr),
 		}
 		if o, ok := olds[ctr.Name]; ok {
 			if o.State.Terminated != nil {
@@ -280,6 +298,12 @@ func containerStatuses(pod *corev1.Pod, view *PodView, in StatusInput, previous 
 			oldPtr = &o
 		}
 		st := convertContainer(c, view, in.RuntimeName, oldPtr)
+		if st.State.Running != nil && oldPtr != nil && oldPtr.Started != nil {
+			// Since ChangeContainerStatusOnKubeletRestart went off by default (1.35)
+			// a running container keeps the started flag it had.
+			started := *oldPtr.Started
+			st.Started = &started
+		}
 		if seen[name] == 0 {
 			statuses[name] = &st
 		} else {
@@ -324,8 +348,29 @@ func containerStatuses(pod *corev1.Pod, view *PodView, in StatusInput, previous 
 	return out
 }
 
-// setProbeFlags sets started and ready as the kubelet's prober manager does.
-func setProbeFlags(pod *corev1.Pod, s *corev1.PodStatus, probes ProbeResults) {
+// volumeMountStatuses is the kubelet's volumeMounts status (RecursiveReadOnlyMounts
+// is GA): each mount, and for read-only ones whether the read-only is recursive.
+// The runtime's support for recursive read-only mounts is not known here, so
+// IfPossible reports Disabled; Enabled reports Enabled.
+func volumeMountStatuses(ctr *corev1.Container) []corev1.VolumeMountStatus {
+	var out []corev1.VolumeMountStatus
+	for _, m := range ctr.VolumeMounts {
+		vs := corev1.VolumeMountStatus{Name: m.Name, MountPath: m.MountPath, ReadOnly: m.ReadOnly}
+		if m.ReadOnly {
+			mode := corev1.RecursiveReadOnlyDisabled
+			if m.RecursiveReadOnly != nil && *m.RecursiveReadOnly == corev1.RecursiveReadOnlyEnabled {
+				mode = corev1.RecursiveReadOnlyEnabled
+			}
+			vs.RecursiveReadOnly = &mode
+		}
+		out = append(out, vs)
+	}
+	return out
+}
+
+// setProbeFlags sets started and ready as the kubelet's prober manager does
+// (UpdatePodStatus, v1.37.2).
+func setProbeFlags(pod *corev1.Pod, s *corev1.PodStatus, in StatusInput) {
 	spec := func(list []corev1.Container, name string) *corev1.Container {
 		for i := range list {
 			if list[i].Name == name {
@@ -337,50 +382,68 @@ func setProbeFlags(pod *corev1.Pod, s *corev1.PodStatus, probes ProbeResults) {
 	for i := range s.ContainerStatuses {
 		cs := &s.ContainerStatuses[i]
 		ctr := spec(pod.Spec.Containers, cs.Name)
-		started := isStarted(ctr, cs, probes)
+		started := isStarted(ctr, cs, in.Probes)
 		cs.Started = &started
-		cs.Ready = started && isReady(ctr, cs, probes)
+		cs.Ready = started && isReady(pod, ctr, cs, in)
 	}
 	for i := range s.InitContainerStatuses {
 		cs := &s.InitContainerStatuses[i]
 		ctr := spec(pod.Spec.InitContainers, cs.Name)
-		started := isStarted(ctr, cs, probes)
+		started := isStarted(ctr, cs, in.Probes)
 		cs.Started = &started
 		if ctr == nil || !IsRestartableInitContainer(ctr) {
 			cs.Ready = cs.State.Terminated != nil && cs.State.Terminated.ExitCode == 0
 			continue
 		}
-		cs.Ready = started && isReady(ctr, cs, probes)
+		cs.Ready = started && isReady(pod, ctr, cs, in)
 	}
-}
-
-func containerID(cs *corev1.ContainerStatus) string {
-	if i := strings.Index(cs.ContainerID, "://"); i >= 0 {
-		return cs.ContainerID[i+3:]
-	}
-	return cs.ContainerID
 }
 
 func isStarted(ctr *corev1.Container, cs *corev1.ContainerStatus, probes ProbeResults) bool {
 	if cs.State.Running == nil {
 		return false
 	}
-	if r, ok := probes.ProbeResult(Startup, containerID(cs)); ok && r != ProbeUnknown {
+	if r, ok := probes.ProbeResult(Startup, cs.ContainerID); ok {
 		return r == ProbeSuccess
+	}
+	if cs.Started != nil && *cs.Started {
+		return true // started before, e.g. before the agent restarted
 	}
 	// A startup probe that has not answered yet: not started.
 	return ctr == nil || ctr.StartupProbe == nil
 }
 
-func isReady(ctr *corev1.Container, cs *corev1.ContainerStatus, probes ProbeResults) bool {
+func isReady(pod *corev1.Pod, ctr *corev1.Container, cs *corev1.ContainerStatus, in StatusInput) bool {
 	if cs.State.Running == nil {
 		return false
 	}
-	if r, ok := probes.ProbeResult(Readiness, containerID(cs)); ok && r == ProbeSuccess {
+	r, ok := in.Probes.ProbeResult(Readiness, cs.ContainerID)
+	if ok && r == ProbeSuccess {
 		return true
 	}
 	// No readiness probe: ready once started.
-	return ctr == nil || ctr.ReadinessProbe == nil
+	ready := ctr == nil || ctr.ReadinessProbe == nil
+	// A container that ran since before the agent started (10s of grace) and has
+	// no readiness result yet keeps the readiness the pod had, so an agent
+	// restart does not flap endpoints (setReadyStateOnKubeletRestart).
+	if !in.AgentStart.IsZero() && cs.State.Running.StartedAt.Time.Before(in.AgentStart.Add(-10*time.Second)) {
+		if !ready && !ok {
+			ready = true
+		}
+		if ctr != nil && ctr.ReadinessProbe != nil && !podReady(pod) {
+			ready = false
+		}
+	}
+	return ready
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }
 
 func statusOf(statuses []corev1.ContainerStatus, name string) (corev1.ContainerStatus, bool) {
@@ -401,10 +464,11 @@ func anyRegularStarted(spec *corev1.PodSpec, statuses []corev1.ContainerStatus) 
 	return false
 }
 
-// phase is the kubelet's getPhase.
-func phase(pod *corev1.Pod, info []corev1.ContainerStatus, terminal bool) corev1.PodPhase {
+// phase is the kubelet's getPhase (v1.37.2, ContainerRestartRules on):
+// podHasInitialized says an app container exists in the current sandbox.
+func phase(pod *corev1.Pod, info []corev1.ContainerStatus, terminal, podHasInitialized bool) corev1.PodPhase {
 	spec := &pod.Spec
-	pendingInit, failedInit := 0, 0
+	pendingSidecars, pendingInits, failedInitNotRestartable := 0, 0, 0
 	for i := range spec.InitContainers {
 		c := &spec.InitContainers[i]
 		if IsRestartableInitContainer(c) {
@@ -413,24 +477,24 @@ func phase(pod *corev1.Pod, info []corev1.ContainerStatus, terminal bool) corev1
 		s, ok := statusOf(info, c.Name)
 		switch {
 		case !ok, s.State.Running != nil:
-			pendingInit++
+			pendingInits++
 		case s.State.Terminated != nil:
-			if s.State.Terminated.ExitCode != 0 {
-				failedInit++
+			if code := s.State.Terminated.ExitCode; code != 0 && !ContainerShouldRestart(c, spec, code) {
+				failedInitNotRestartable++
 			}
 		case s.State.Waiting != nil:
 			if t := s.LastTerminationState.Terminated; t != nil {
-				if t.ExitCode != 0 {
-					failedInit++
+				if t.ExitCode != 0 && !ContainerShouldRestart(c, spec, t.ExitCode) {
+					failedInitNotRestartable++
 				}
 			} else {
-				pendingInit++
+				pendingInits++
 			}
 		default:
-			pendingInit++
+			pendingInits++
 		}
 	}
-	unknown, running, waiting, stopped, succeeded := 0, 0, 0, 0, 0
+	unknown, running, waiting, stopped, stoppedNotRestartable, succeeded := 0, 0, 0, 0, 0, 0
 	for i := range spec.InitContainers {
 		c := &spec.InitContainers[i]
 		if !IsRestartableInitContainer(c) {
@@ -442,22 +506,23 @@ func phase(pod *corev1.Pod, info []corev1.ContainerStatus, terminal bool) corev1
 			unknown++
 		case s.State.Running != nil:
 			if s.Started == nil || !*s.Started {
-				pendingInit++
+				pendingSidecars++
 			}
 			running++
 		case s.State.Terminated != nil:
 			// A stopped sidecar does not count.
 		case s.State.Waiting != nil:
 			if s.LastTerminationState.Terminated == nil {
-				pendingInit++
+				pendingSidecars++
 				waiting++
 			}
 		default:
-			pendingInit++
+			pendingSidecars++
 			unknown++
 		}
 	}
-	for _, c := range spec.Containers {
+	for i := range spec.Containers {
+		c := &spec.Containers[i]
 		s, ok := statusOf(info, c.Name)
 		switch {
 		case !ok:
@@ -466,12 +531,19 @@ func phase(pod *corev1.Pod, info []corev1.ContainerStatus, terminal bool) corev1
 			running++
 		case s.State.Terminated != nil:
 			stopped++
-			if s.State.Terminated.ExitCode == 0 {
+			code := s.State.Terminated.ExitCode
+			if !ContainerShouldRestart(c, spec, code) {
+				stoppedNotRestartable++
+			}
+			if code == 0 {
 				succeeded++
 			}
 		case s.State.Waiting != nil:
-			if s.LastTerminationState.Terminated != nil {
+			if t := s.LastTerminationState.Terminated; t != nil {
 				stopped++
+				if !ContainerShouldRestart(c, spec, t.ExitCode) {
+					stoppedNotRestartable++
+				}
 			} else {
 				waiting++
 			}
@@ -480,33 +552,37 @@ func phase(pod *corev1.Pod, info []corev1.ContainerStatus, terminal bool) corev1
 		}
 	}
 
-	if failedInit > 0 && spec.RestartPolicy == corev1.RestartPolicyNever {
+	if failedInitNotRestartable > 0 {
 		return corev1.PodFailed
 	}
 	switch {
-	case pendingInit > 0 && !anyRegularStarted(spec, info), waiting > 0:
+	case pendingInits > 0 || (pendingSidecars > 0 && !podHasInitialized), waiting > 0:
 		return corev1.PodPending
 	case running > 0 && unknown == 0:
 		return corev1.PodRunning
 	case running == 0 && stopped > 0 && unknown == 0:
-		if terminal {
+		if terminal && !isStaticPod(pod) {
 			if stopped == succeeded {
 				return corev1.PodSucceeded
 			}
 			return corev1.PodFailed
 		}
-		if spec.RestartPolicy == corev1.RestartPolicyAlways {
-			return corev1.PodRunning
+		if stopped != stoppedNotRestartable {
+			return corev1.PodRunning // something will restart
 		}
 		if stopped == succeeded {
 			return corev1.PodSucceeded
 		}
-		if spec.RestartPolicy == corev1.RestartPolicyNever {
-			return corev1.PodFailed
-		}
-		return corev1.PodRunning
+		return corev1.PodFailed
 	}
 	return corev1.PodPending
+}
+
+// isStaticPod: the kubelet's config source annotation says the pod did not come
+// from the API server.
+func isStaticPod(pod *corev1.Pod) bool {
+	src, ok := pod.Annotations["kubernetes.io/config.source"]
+	return ok && src != "api"
 }
 
 func containersReadyCondition(spec *corev1.PodSpec, statuses []corev1.ContainerStatus, ph corev1.PodPhase) corev1.PodCondition {

@@ -45,7 +45,7 @@ func TestPodStatusNewPod(t *testing.T) {
 	s := PodStatus(testPod(), view(nil), StatusInput{Now: t0, HostIPs: []string{"192.168.1.10"}})
 	assert.Equal(t, corev1.PodPending, s.Phase)
 	assert.Equal(t, map[corev1.PodConditionType]string{
-		corev1.PodReadyToStartContainers: "False//",
+		corev1.PodReadyToStartContainers: "False/PodSandboxNotReady/no pod sandbox exists",
 		corev1.PodInitialized:            "True//",
 		corev1.PodReady:                  "False/ContainersNotReady/containers with unready status: [app side]",
 		corev1.ContainersReady:           "False/ContainersNotReady/containers with unready status: [app side]",
@@ -106,12 +106,12 @@ func TestPodStatusProbes(t *testing.T) {
 	assert.Equal(t, "False/ContainersNotReady/containers with unready status: [app side]", condSummary(s)[corev1.ContainersReady])
 
 	s = PodStatus(pod, v, StatusInput{Now: t0, Probes: probeMap{
-		Readiness: {"a1": ProbeSuccess},
-		Startup:   {"s1": ProbeSuccess},
+		Readiness: {"containerd://a1": ProbeSuccess},
+		Startup:   {"containerd://s1": ProbeSuccess},
 	}})
 	assert.Equal(t, "True//", condSummary(s)[corev1.PodReady])
 
-	s = PodStatus(pod, v, StatusInput{Now: t0, Probes: probeMap{Readiness: {"a1": ProbeFailure}, Startup: {"s1": ProbeSuccess}}})
+	s = PodStatus(pod, v, StatusInput{Now: t0, Probes: probeMap{Readiness: {"containerd://a1": ProbeFailure}, Startup: {"containerd://s1": ProbeSuccess}}})
 	assert.Equal(t, "False/ContainersNotReady/containers with unready status: [app]", condSummary(s)[corev1.PodReady])
 }
 
@@ -367,4 +367,104 @@ func TestTerminationMessage(t *testing.T) {
 	got = TerminationMessage(big, files)
 	assert.Len(t, got, 2048, "at most the last 2048 bytes")
 	assert.True(t, strings.HasSuffix(got, "049"+strings.Repeat("x", 96)+"\n"))
+}
+
+func TestPodStatusObservedGeneration(t *testing.T) {
+	pod := testPod()
+	pod.Generation = 3
+	pod.Status.Conditions = []corev1.PodCondition{{Type: "example.com/gate", Status: corev1.ConditionTrue, ObservedGeneration: 1}}
+	s := PodStatus(pod, view(ready()), StatusInput{Now: t0})
+	assert.EqualValues(t, 3, s.ObservedGeneration)
+	for _, c := range s.Conditions {
+		want := int64(3)
+		if c.Type == "example.com/gate" {
+			want = 1 // not the kubelet's: left as it was
+		}
+		assert.Equal(t, want, c.ObservedGeneration, c.Type)
+	}
+}
+
+func TestPodStatusPhaseWithContainerRestartPolicies(t *testing.T) {
+	never := corev1.ContainerRestartPolicyNever
+	always := corev1.ContainerRestartPolicyAlways
+	// An Always pod whose only stopped container may not restart is done.
+	pod := testPod(func(p *corev1.Pod) {
+		p.Spec.Containers = p.Spec.Containers[:1]
+		p.Spec.Containers[0].RestartPolicy = &never
+	})
+	v := view(ready(), cs{name: "app", id: "a", state: exited, exit: 1})
+	assert.Equal(t, corev1.PodFailed, PodStatus(pod, v, StatusInput{Now: t0}).Phase)
+	v = view(ready(), cs{name: "app", id: "a", state: exited, exit: 0})
+	assert.Equal(t, corev1.PodSucceeded, PodStatus(pod, v, StatusInput{Now: t0}).Phase)
+
+	// A Never pod whose container restarts on its own policy keeps Running.
+	pod = testPod(withPolicy(corev1.RestartPolicyNever), func(p *corev1.Pod) {
+		p.Spec.Containers = p.Spec.Containers[:1]
+		p.Spec.Containers[0].RestartPolicy = &always
+	})
+	v = view(ready(), cs{name: "app", id: "a", state: exited, exit: 1})
+	assert.Equal(t, corev1.PodRunning, PodStatus(pod, v, StatusInput{Now: t0}).Phase)
+
+	// A failed init container that restarts on its own policy does not fail a Never pod.
+	onFailure := corev1.ContainerRestartPolicyOnFailure
+	pod = testPod(withInits("i1"), withPolicy(corev1.RestartPolicyNever), func(p *corev1.Pod) { p.Spec.InitContainers[0].RestartPolicy = &onFailure })
+	v = view(ready(), cs{name: "i1", id: "x", state: exited, exit: 2})
+	assert.Equal(t, corev1.PodPending, PodStatus(pod, v, StatusInput{Now: t0}).Phase)
+
+	// A terminal static pod is not forced to a terminal phase.
+	pod = testPod(func(p *corev1.Pod) { p.Annotations = map[string]string{"kubernetes.io/config.source": "file"} })
+	v = view(ready(), cs{name: "app", id: "a", state: exited, exit: 0}, cs{name: "side", id: "b", state: exited, exit: 0})
+	assert.Equal(t, corev1.PodRunning, PodStatus(pod, v, StatusInput{Now: t0, Terminal: true}).Phase)
+}
+
+func TestPodStatusImageIDAndVolumeMounts(t *testing.T) {
+	rro := corev1.RecursiveReadOnlyEnabled
+	pod := testPod(func(p *corev1.Pod) {
+		p.Spec.Containers[1].VolumeMounts = []corev1.VolumeMount{
+			{Name: "data", MountPath: "/data"},
+			{Name: "cfg", MountPath: "/etc/cfg", ReadOnly: true},
+			{Name: "ro", MountPath: "/ro", ReadOnly: true, RecursiveReadOnly: &rro},
+		}
+	})
+	v := view(ready(), cs{name: "app", id: "a", state: running})
+	v.Containers[0].ImageId = "sha256:image-id"
+	s := PodStatus(pod, v, StatusInput{Now: t0})
+	assert.Equal(t, "sha256:image-id", ctrStatus(t, s.ContainerStatuses, "app").ImageID, "image_id wins over image_ref")
+	disabled := corev1.RecursiveReadOnlyDisabled
+	assert.Equal(t, []corev1.VolumeMountStatus{
+		{Name: "data", MountPath: "/data"},
+		{Name: "cfg", MountPath: "/etc/cfg", ReadOnly: true, RecursiveReadOnly: &disabled},
+		{Name: "ro", MountPath: "/ro", ReadOnly: true, RecursiveReadOnly: &rro},
+	}, ctrStatus(t, s.ContainerStatuses, "side").VolumeMounts)
+}
+
+func TestPodStatusAfterAgentRestart(t *testing.T) {
+	pod := testPod(func(p *corev1.Pod) {
+		p.Spec.Containers[0].StartupProbe = &corev1.Probe{}
+		p.Spec.Containers[1].ReadinessProbe = &corev1.Probe{}
+	})
+	v := view(ready(), cs{name: "app", id: "a", state: running}, cs{name: "side", id: "b", state: running})
+	// The old status says both were started and the pod Ready.
+	started := true
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{
+		{Name: "app", Started: &started, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+		{Name: "side", Started: &started, Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}},
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	agentStart := t0.Add(time.Hour)
+	s := PodStatus(pod, v, StatusInput{Now: agentStart, AgentStart: agentStart})
+	assert.True(t, *ctrStatus(t, s.ContainerStatuses, "app").Started, "started survives with no startup result yet")
+	assert.True(t, ctrStatus(t, s.ContainerStatuses, "side").Ready, "readiness survives the restart until the probe answers")
+	assert.Equal(t, corev1.ConditionTrue, cond(s, corev1.PodReady).Status)
+
+	// Once the probes answer, they decide.
+	s = PodStatus(pod, v, StatusInput{Now: agentStart, AgentStart: agentStart, Probes: probeMap{
+		Startup: {"containerd://a": ProbeUnknown}, Readiness: {"containerd://b": ProbeFailure},
+	}})
+	assert.False(t, *ctrStatus(t, s.ContainerStatuses, "app").Started, "a startup worker with no verdict: not started")
+	assert.False(t, ctrStatus(t, s.ContainerStatuses, "side").Ready)
+
+	// Without AgentStart (or for a container started after it) no grace.
+	s = PodStatus(pod, v, StatusInput{Now: agentStart})
+	assert.False(t, ctrStatus(t, s.ContainerStatuses, "side").Ready)
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
+	"strings"
+
+	"github.com/distribution/reference"
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -28,6 +30,7 @@ const (
 	EventInspectFailed          = "InspectFailed"
 	EventSandboxChanged         = "SandboxChanged"
 	EventFailedCreatePodSandBox = "FailedCreatePodSandBox"
+	EventFailedPodSandBoxStatus = "FailedPodSandBoxStatus"
 	EventFailedPostStartHook    = "FailedPostStartHook"
 	EventFailedPreStopHook      = "FailedPreStopHook"
 )
@@ -119,7 +122,17 @@ func (s *Syncer) syncPod(ctx context.Context, pod *corev1.Pod, view *PodView) *S
 	}
 	defer s.updateWaiting(pod.UID, res)
 
-	actions := ComputeActions(pod, view, ActionOptions{Probes: s.cfg.Probes, Hash: s.cfg.Hash})
+	// The kubelet's active deadline handler evicts the pod; the pod worker then
+	// kills it and it never runs again.
+	if ActiveDeadlineExceeded(pod, s.cfg.Clock.Now()) {
+		s.event(pod, corev1.EventTypeNormal, ReasonDeadlineExceeded, "%s", MessageDeadlineExceeded)
+		kr := s.killPod(ctx, pod, view, nil)
+		res.Steps = append(res.Steps, kr.Steps...)
+		res.Err = errors.Join(fmt.Errorf("pod %s: %w", formatPod(pod), ErrDeadlineExceeded), kr.Err)
+		return res
+	}
+
+	actions := ComputeActions(pod, view, ActionOptions{Probes: s.cfg.Probes, Hash: s.cfg.Hash, RuntimeName: s.cfg.RuntimeName})
 	log.V(4).Info("Computed pod actions", "actions", actions)
 	if actions.CreateSandbox && actions.SandboxID != "" {
 		s.event(pod, corev1.EventTypeNormal, EventSandboxChanged, "Pod sandbox changed, it will be killed and re-created.")
@@ -219,15 +232,17 @@ func (s *Syncer) createSandbox(ctx context.Context, pod *corev1.Pod, attempt uin
 		s.event(pod, corev1.EventTypeWarning, EventFailedCreatePodSandBox, "Failed to create pod sandbox: %v", err)
 		return "", nil, failure(ErrCreatePodSandbox, msg, "pod %s", formatPod(pod))
 	}
+	s.cfg.Metrics.SandboxStarted()
 	id, err := s.cfg.Runtime.RunPodSandbox(ctx, cfg, s.cfg.RuntimeHandler)
 	if err != nil {
+		s.cfg.Metrics.SandboxStartFailed()
 		msg := fmt.Sprintf("Failed to create sandbox for pod %q: %v", formatPod(pod), err)
 		s.event(pod, corev1.EventTypeWarning, EventFailedCreatePodSandBox, "Failed to create pod sandbox: %v", err)
 		return "", nil, &reasonError{reason: ErrCreatePodSandbox, message: msg, context: "pod " + formatPod(pod)}
 	}
 	st, err := s.cfg.Runtime.PodSandboxStatus(ctx, id)
 	if err != nil {
-		s.event(pod, corev1.EventTypeWarning, "FailedStatusPodSandBox", "Unable to get pod sandbox status: %v", err)
+		s.event(pod, corev1.EventTypeWarning, EventFailedPodSandBoxStatus, "Unable to get pod sandbox status: %v", err)
 		return "", nil, fmt.Errorf("status of new sandbox %s of pod %s: %w", id, formatPod(pod), err)
 	}
 	v := &PodView{Sandboxes: []*runtimeapi.PodSandboxStatus{st}}
@@ -278,7 +293,7 @@ func (s *Syncer) startContainer(ctx context.Context, pod *corev1.Pod, ctr *corev
 		if c.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
 			continue
 		}
-		key := ContainerBackoffKey(pod, ctr, s.cfg.Hash(ctr))
+		key := ContainerBackoffKey(pod, ctr)
 		finished := time.Unix(0, c.GetFinishedAt())
 		if in, delay := s.cfg.Backoff.InBackoff(key, finished); in {
 			s.event(ref, corev1.EventTypeWarning, EventBackOff, "Back-off restarting failed container %s in pod %s", ctr.Name, formatPod(pod))
@@ -289,6 +304,20 @@ func (s *Syncer) startContainer(ctx context.Context, pod *corev1.Pod, ctr *corev
 		break
 	}
 
+	metricType := MetricContainer
+	if ref.FieldPath != fmt.Sprintf("spec.containers{%s}", ctr.Name) {
+		metricType = MetricInitContainer
+	}
+	s.cfg.Metrics.ContainerStarted(metricType)
+	err := s.startContainerSteps(ctx, pod, ctr, view, sandboxID, sbCfg, podIPs, ref, what)
+	if err != nil {
+		s.cfg.Metrics.ContainerStartFailed(metricType, Reason(err))
+	}
+	return err
+}
+
+func (s *Syncer) startContainerSteps(ctx context.Context, pod *corev1.Pod, ctr *corev1.Container, view *PodView,
+	sandboxID string, sbCfg *runtimeapi.PodSandboxConfig, podIPs []string, ref *corev1.ObjectReference, what string) error {
 	imageRef, err := s.ensureImage(ctx, pod, ctr, ref, sbCfg)
 	if err != nil {
 		s.event(ref, corev1.EventTypeWarning, EventFailed, "Error: %v", Reason(err))
@@ -311,13 +340,13 @@ func (s *Syncer) startContainer(ctx context.Context, pod *corev1.Pod, ctr *corev
 		s.event(ref, corev1.EventTypeWarning, EventFailed, "Error: %v", msg)
 		return failure(ErrCreateContainer, msg, "%s", what)
 	}
-	s.event(ref, corev1.EventTypeNormal, EventCreated, "Created container: %v", ctr.Name)
+	s.event(ref, corev1.EventTypeNormal, EventCreated, "Container created")
 	if err := s.cfg.Runtime.StartContainer(ctx, id); err != nil {
 		msg := grpcMessage(err)
 		s.event(ref, corev1.EventTypeWarning, EventFailed, "Error: %v", msg)
 		return failure(ErrRunContainer, msg, "%s", what)
 	}
-	s.event(ref, corev1.EventTypeNormal, EventStarted, "Started container %v", ctr.Name)
+	s.event(ref, corev1.EventTypeNormal, EventStarted, "Container started")
 
 	if ctr.Lifecycle != nil && ctr.Lifecycle.PostStart != nil {
 		msg, err := s.runHook(ctx, pod, ctr, id, podIPs, ctr.Lifecycle.PostStart)
@@ -333,27 +362,49 @@ func (s *Syncer) startContainer(ctx context.Context, pod *corev1.Pod, ctr *corev
 	return nil
 }
 
-// pullPolicy defaults the policy as the API server does.
+// pullPolicy defaults the policy as the API server does: Always for an image
+// without a tag or with tag latest, IfNotPresent otherwise.
 func pullPolicy(ctr *corev1.Container) corev1.PullPolicy {
 	if ctr.ImagePullPolicy != "" {
 		return ctr.ImagePullPolicy
 	}
-	name := ctr.Image
-	if i := strings.LastIndex(name, "@"); i >= 0 {
+	named, err := reference.ParseNormalizedNamed(ctr.Image)
+	if err != nil {
 		return corev1.PullIfNotPresent
 	}
-	if i := strings.LastIndex(name, ":"); i >= 0 && !strings.Contains(name[i:], "/") && name[i+1:] != "latest" {
+	if _, digested := named.(reference.Digested); digested {
+		return corev1.PullIfNotPresent
+	}
+	if tagged, ok := named.(reference.Tagged); ok && tagged.Tag() != "latest" {
 		return corev1.PullIfNotPresent
 	}
 	return corev1.PullAlways
 }
 
-// ensureImage is the kubelet's EnsureImageExists: pull policy, image back-off
-// (key <pod UID>_<image>), events in the kubelet's words.
+// withDefaultTag is the kubelet's applyDefaultImageTag: an image without tag or
+// digest gets ":latest" appended, without normalizing the name (so the CRI
+// sees "busybox:latest", not "docker.io/library/busybox:latest").
+func withDefaultTag(image string) (string, error) {
+	named, err := reference.ParseNormalizedNamed(image)
+	if err != nil {
+		return "", fmt.Errorf("couldn't parse image reference %q: %v", image, err)
+	}
+	_, tagged := named.(reference.Tagged)
+	_, digested := named.(reference.Digested)
+	if !tagged && !digested {
+		image += ":latest"
+	}
+	return image, nil
+}
+
+// ensureImage is the kubelet's EnsureImageExists (v1.37.2): pull policy
+// precheck, image back-off (key <pod UID>_<image>) whose waiting message carries
+// the previous pull error, events in the kubelet's words.
 func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.Container, ref *corev1.ObjectReference, sbCfg *runtimeapi.PodSandboxConfig) (string, error) {
 	what := fmt.Sprintf("container %q of pod %s", ctr.Name, formatPod(pod))
-	if ctr.Image == "" || strings.ContainsAny(ctr.Image, " \t\n") {
-		msg := fmt.Sprintf("Failed to apply default image tag %q: couldn't parse image name %q: invalid reference format", ctr.Image, ctr.Image)
+	image, err := withDefaultTag(ctr.Image)
+	if err != nil {
+		msg := fmt.Sprintf("Failed to apply default image tag %q: %v", ctr.Image, err)
 		s.event(ref, corev1.EventTypeWarning, EventInspectFailed, "%s", msg)
 		return "", failure(ErrInvalidImageName, msg, "%s", what)
 	}
@@ -361,23 +412,25 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	inspector, canInspect := s.cfg.Runtime.(ImageInspector)
 	puller, canPull := s.cfg.Runtime.(ImagePuller)
 
+	// Precheck: Always pulls whatever is present; the others look first. Without
+	// ImageStatus the image's presence is unknown: Never then reports
+	// ErrImageNeverPull, IfNotPresent leaves it to EnsureImage.
 	var present string
-	if canInspect {
-		img, err := inspector.ImageStatus(ctx, ctr.Image)
+	if policy != corev1.PullAlways && canInspect {
+		img, err := inspector.ImageStatus(ctx, image)
 		if err != nil {
-			msg := fmt.Sprintf("Failed to inspect image %q: %v", ctr.Image, err)
+			// The kubelet prints the (empty) reference here, not the image.
+			msg := fmt.Sprintf("Failed to inspect image %q: %v", "", err)
 			s.event(ref, corev1.EventTypeWarning, EventInspectFailed, "%s", msg)
 			return "", failure(errImageInspect, msg, "%s", what)
 		}
 		present = img.GetId()
 	}
-	// Without ImageStatus the image's presence is unknown (present stays ""):
-	// Never then reports ErrImageNeverPull, IfNotPresent goes to EnsureImage.
-	if policy == corev1.PullNever || (present != "" && policy == corev1.PullIfNotPresent) {
-		if present != "" {
-			s.event(ref, corev1.EventTypeNormal, EventPulled, "Container image %q already present on machine", ctr.Image)
-			return present, nil
-		}
+	if present != "" {
+		s.event(ref, corev1.EventTypeNormal, EventPulled, "Container image %q already present on machine", ctr.Image)
+		return present, nil
+	}
+	if policy == corev1.PullNever {
 		msg := fmt.Sprintf("Container image %q is not present with pull policy of Never", ctr.Image)
 		s.event(ref, corev1.EventTypeWarning, EventErrImageNeverPull, "%s", msg)
 		return "", failure(ErrImageNeverPull, msg, "%s", what)
@@ -387,15 +440,25 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	if s.cfg.ImageBackoff.InBackoffSinceUpdate(key, s.cfg.Clock.Now()) {
 		msg := fmt.Sprintf("Back-off pulling image %q", ctr.Image)
 		s.event(ref, corev1.EventTypeNormal, EventBackOff, "%s", msg)
+		s.mu.Lock()
+		prev, ok := s.pullErrors[key]
+		s.mu.Unlock()
+		if ok {
+			msg = fmt.Sprintf("%s: %s", msg, prev)
+		}
 		return "", failure(ErrImagePullBackOff, msg, "%s", what)
 	}
+	s.mu.Lock()
+	delete(s.pullErrors, key)
+	s.mu.Unlock()
 
 	auths := []*runtimeapi.AuthConfig{nil}
 	if s.cfg.Credentials != nil {
-		list, err := s.cfg.Credentials.ImageAuth(ctx, pod, ctr.Image)
+		list, err := s.cfg.Credentials.ImageAuth(ctx, pod, image)
 		if err != nil {
-			logr.FromContextOrDiscard(ctx).V(2).Info("Image credentials lookup failed, pulling anonymously", "image", ctr.Image, "err", err)
-		} else if len(list) > 0 {
+			return "", failure(ErrImagePull, err.Error(), "%s", what)
+		}
+		if len(list) > 0 {
 			auths = list
 		}
 	}
@@ -410,15 +473,13 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	}
 	var imageRef string
 	var pulled bool
-	var err error
 	for _, auth := range auths {
-		switch {
-		case canPull && (policy == corev1.PullAlways || canInspect):
+		if canPull && (policy == corev1.PullAlways || canInspect) {
 			announce()
-			imageRef, err = puller.PullImage(ctx, ctr.Image, auth, sbCfg)
+			imageRef, err = puller.PullImage(ctx, image, auth, sbCfg)
 			pulled = err == nil
-		default:
-			imageRef, pulled, err = s.cfg.Runtime.EnsureImage(ctx, ctr.Image, auth, sbCfg)
+		} else {
+			imageRef, pulled, err = s.cfg.Runtime.EnsureImage(ctx, image, auth, sbCfg)
 			if pulled || err != nil {
 				announce()
 			}
@@ -430,7 +491,11 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	if err != nil {
 		s.event(ref, corev1.EventTypeWarning, EventFailed, "Failed to pull image %q: %v", ctr.Image, err)
 		s.cfg.ImageBackoff.Next(key, s.cfg.Clock.Now())
-		return "", failure(ErrImagePull, err.Error(), "%s", what)
+		msg, reason := pullError(ctr.Image, err)
+		s.mu.Lock()
+		s.pullErrors[key] = fmt.Sprintf("%s: %s", reason, msg)
+		s.mu.Unlock()
+		return "", failure(reason, msg, "%s", what)
 	}
 	if !pulled {
 		s.event(ref, corev1.EventTypeNormal, EventPulled, "Container image %q already present on machine", ctr.Image)
@@ -439,7 +504,7 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	took := s.cfg.Clock.Since(start).Truncate(time.Millisecond)
 	var size uint64
 	if canInspect {
-		if img, err := inspector.ImageStatus(ctx, ctr.Image); err == nil {
+		if img, err := inspector.ImageStatus(ctx, image); err == nil {
 			size = img.GetSize()
 		}
 	}
@@ -447,6 +512,23 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 		ctr.Image, took, took, size)
 	s.cfg.ImageBackoff.GC()
 	return imageRef, nil
+}
+
+// pullError is the kubelet's evalCRIPullErr: runtimes that prefix their error
+// with RegistryUnavailable or SignatureValidationFailed (k8s.io/cri-api/pkg/errors)
+// get that reason and a sentence; anything else is ErrImagePull with the error's
+// text.
+func pullError(image string, err error) (message string, reason error) {
+	text := err.Error()
+	switch {
+	case strings.HasPrefix(text, ErrRegistryUnavailable.Error()):
+		return fmt.Sprintf("image pull failed for %s because the registry is unavailable%s",
+			image, strings.TrimPrefix(text, ErrRegistryUnavailable.Error())), ErrRegistryUnavailable
+	case strings.HasPrefix(text, ErrSignatureValidationFailed.Error()):
+		return fmt.Sprintf("image pull failed for %s because the signature validation failed%s",
+			image, strings.TrimPrefix(text, ErrSignatureValidationFailed.Error())), ErrSignatureValidationFailed
+	}
+	return text, ErrImagePull
 }
 
 // errImageInspect is the kubelet's ImageInspectError.

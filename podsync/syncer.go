@@ -21,6 +21,8 @@ type Config struct {
 	Builder ConfigBuilder
 	// Events receives the kubelet's pod events. Nil drops them.
 	Events EventRecorder
+	// Metrics counts sandbox and container starts. Nil: not counted.
+	Metrics Metrics
 	// Probes gives liveness, readiness and startup results. Nil: no probes.
 	Probes ProbeResults
 	// Credentials resolves registry credentials for image pulls. Nil: anonymous.
@@ -53,10 +55,14 @@ type Config struct {
 // Build it with New. SyncPod and KillPod for different pods may run concurrently;
 // calls for one pod must not overlap (the kubelet's pod workers serialize them).
 type Syncer struct {
-	cfg Config
+	cfg     Config
+	started time.Time // when New ran: the agent's start for StatusInput.AgentStart
 
 	mu      sync.Mutex
 	waiting map[types.UID]map[string]Waiting
+	// pullErrors keeps the last pull failure per image back-off key, for the
+	// ImagePullBackOff message.
+	pullErrors map[string]string
 }
 
 // New validates cfg and returns a Syncer.
@@ -76,6 +82,9 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.Probes == nil {
 		cfg.Probes = noProbes{}
 	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = noMetrics{}
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
@@ -94,7 +103,7 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.MinGracePeriod == 0 {
 		cfg.MinGracePeriod = minimumGracePeriod
 	}
-	return &Syncer{cfg: cfg, waiting: map[types.UID]map[string]Waiting{}}, nil
+	return &Syncer{cfg: cfg, started: cfg.Clock.Now(), waiting: map[types.UID]map[string]Waiting{}, pullErrors: map[string]string{}}, nil
 }
 
 // minimumGracePeriod is the kubelet's floor for a container's stop grace.
@@ -147,7 +156,9 @@ func (r *SyncResult) add(action, target string, err error) {
 // containers and the app containers (pulling images, running postStart hooks,
 // honouring restart back-off). view is the runtime's state read just before
 // (LoadView); a nil view is loaded here. Failures are recorded per container and
-// show up in PodStatus as waiting reasons.
+// show up in PodStatus as waiting reasons. A pod past its activeDeadlineSeconds
+// is killed instead (event DeadlineExceeded, error ErrDeadlineExceeded), as the
+// kubelet's active deadline handler makes the pod worker do.
 func (s *Syncer) SyncPod(ctx context.Context, pod *corev1.Pod, view *PodView) *SyncResult {
 	return s.syncPod(ctx, pod, view)
 }
@@ -168,7 +179,8 @@ func (s *Syncer) RemovePod(ctx context.Context, uid types.UID) error {
 
 // PodStatus computes the pod's status (see the package function PodStatus).
 // Fields of in left empty take the Syncer's: Probes, Waiting (the start
-// failures SyncPod recorded), Now (its clock) and RuntimeName.
+// failures SyncPod recorded), Now (its clock), AgentStart (when New ran) and
+// RuntimeName.
 func (s *Syncer) PodStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus {
 	if in.Probes == nil {
 		in.Probes = s.cfg.Probes
@@ -181,6 +193,9 @@ func (s *Syncer) PodStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev
 	}
 	if in.RuntimeName == "" {
 		in.RuntimeName = s.cfg.RuntimeName
+	}
+	if in.AgentStart.IsZero() {
+		in.AgentStart = s.started
 	}
 	return PodStatus(pod, view, in)
 }

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -37,6 +38,10 @@ type PodView struct {
 	Sandboxes []*runtimeapi.PodSandboxStatus
 	// Containers, every attempt of every container, newest first (by CreatedAt).
 	Containers []*runtimeapi.ContainerStatus
+	// ContainerSandboxes maps a container ID to its sandbox's ID (LoadView fills
+	// it from ListContainers). When nil, every container counts as belonging to
+	// the newest sandbox.
+	ContainerSandboxes map[string]string
 	// TerminationMessages holds the termination message found for an exited
 	// container, by container ID (see LoadView). PodStatus prefers it to the
 	// runtime's ContainerStatus.Message.
@@ -68,7 +73,9 @@ func LoadView(ctx context.Context, src ViewSource, uid types.UID, files FileRead
 	if err != nil {
 		return nil, fmt.Errorf("list containers of pod %s: %w", uid, err)
 	}
+	v.ContainerSandboxes = make(map[string]string, len(containers))
 	for _, c := range containers {
+		v.ContainerSandboxes[c.GetId()] = c.GetPodSandboxId()
 		st, err := src.ContainerStatus(ctx, c.GetId())
 		if err != nil {
 			if isNotFound(err) {
@@ -107,11 +114,21 @@ func LoadView(ctx context.Context, src ViewSource, uid types.UID, files FileRead
 }
 
 func (v *PodView) sort() {
+	// Newest first by creation time; on a tie (a coarse clock) the higher
+	// attempt is the newer one.
 	sort.SliceStable(v.Sandboxes, func(i, j int) bool {
-		return v.Sandboxes[i].GetCreatedAt() > v.Sandboxes[j].GetCreatedAt()
+		a, b := v.Sandboxes[i], v.Sandboxes[j]
+		if a.GetCreatedAt() != b.GetCreatedAt() {
+			return a.GetCreatedAt() > b.GetCreatedAt()
+		}
+		return a.GetMetadata().GetAttempt() > b.GetMetadata().GetAttempt()
 	})
 	sort.SliceStable(v.Containers, func(i, j int) bool {
-		return v.Containers[i].GetCreatedAt() > v.Containers[j].GetCreatedAt()
+		a, b := v.Containers[i], v.Containers[j]
+		if a.GetCreatedAt() != b.GetCreatedAt() {
+			return a.GetCreatedAt() > b.GetCreatedAt()
+		}
+		return RestartCount(a) > RestartCount(b)
 	})
 }
 
@@ -123,10 +140,12 @@ func (v *PodView) Sandbox() *runtimeapi.PodSandboxStatus {
 	return v.Sandboxes[0]
 }
 
-// IPs returns the pod's IPs from the newest sandbox (primary first), or nil.
+// IPs returns the pod's IPs from the newest sandbox (primary first), or nil
+// when that sandbox is not ready or has none, as the kubelet's GetPodStatus
+// reads them.
 func (v *PodView) IPs() []string {
 	sb := v.Sandbox()
-	if sb == nil || sb.GetNetwork() == nil || sb.GetNetwork().GetIp() == "" {
+	if sb.GetState() != runtimeapi.PodSandboxState_SANDBOX_READY || sb.GetNetwork().GetIp() == "" {
 		return nil
 	}
 	ips := []string{sb.GetNetwork().GetIp()}
@@ -149,6 +168,47 @@ func (v *PodView) Latest(name string) *runtimeapi.ContainerStatus {
 		}
 	}
 	return nil
+}
+
+// Active returns the containers of the newest sandbox while it is ready (the
+// kubelet's ActiveContainerStatuses), newest first.
+func (v *PodView) Active() []*runtimeapi.ContainerStatus {
+	sb := v.Sandbox()
+	if sb.GetState() != runtimeapi.PodSandboxState_SANDBOX_READY {
+		return nil
+	}
+	if v.ContainerSandboxes == nil {
+		return v.Containers
+	}
+	var out []*runtimeapi.ContainerStatus
+	for _, c := range v.Containers {
+		if v.ContainerSandboxes[c.GetId()] == sb.GetId() {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// LatestActive returns the newest attempt of the named container in the
+// current sandbox, or nil.
+func (v *PodView) LatestActive(name string) *runtimeapi.ContainerStatus {
+	for _, c := range v.Active() {
+		if ContainerName(c) == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// anyActiveRegular is HasAnyActiveRegularContainerStarted: an app container,
+// in any state, exists in the current sandbox.
+func (v *PodView) anyActiveRegular(pod *corev1.Pod) bool {
+	for i := range pod.Spec.Containers {
+		if v.LatestActive(pod.Spec.Containers[i].Name) != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // Attempts returns every attempt of the named container, newest first.

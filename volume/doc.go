@@ -12,6 +12,8 @@
 // projected; hostPath volumes are the host's own path and get no folder).
 // Mounts(pod, container) returns the runtimeapi.Mount list for CreateContainer,
 // and Teardown(ctx, podUID) unmounts and removes everything Setup made.
+// PodsOnDisk lists the pods that have folders, for an agent that restarts and
+// must clean up after pods that went away meanwhile.
 //
 // Supported volume types:
 //

@@ -4,12 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/clock"
 )
 
@@ -25,19 +31,23 @@ type Sources interface {
 	ServiceAccountToken(ctx context.Context, namespace, name string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error)
 }
 
-// Mounter mounts and unmounts tmpfs. The default uses mount(2) and umount(2).
+// Mounter mounts and unmounts. The default, SystemMounter, uses mount(2);
+// NoMount mounts nothing.
 type Mounter interface {
 	// MountTmpfs mounts a tmpfs on target; sizeBytes 0 means the kernel default.
 	MountTmpfs(target string, sizeBytes int64) error
+	// BindMount bind-mounts source on target.
+	BindMount(source, target string) error
 	// Unmount unmounts target.
 	Unmount(target string) error
-	// IsMountPoint reports whether path is a mount point.
-	IsMountPoint(path string) (bool, error)
+	// MountPoints lists the mount points at or below dir, deepest first.
+	MountPoints(dir string) ([]string, error)
 }
 
 // Config configures a Manager.
 type Config struct {
-	// RootDir is the kubelet's root folder. Default /var/lib/kubelet.
+	// RootDir is the kubelet's root folder. Default /var/lib/kubelet. Symlinks
+	// in it are resolved when it exists.
 	RootDir string
 	// Sources reads ConfigMaps, Secrets and service account tokens. Required for
 	// pods with configMap, secret or projected volumes; nil makes those fail.
@@ -47,9 +57,16 @@ type Config struct {
 	// NodeAllocatable defaults the limits a downwardAPI resourceFieldRef reads when
 	// the container sets none, as the kubelet does.
 	NodeAllocatable corev1.ResourceList
-	// Mounter mounts tmpfs for medium Memory. Default mount(2); NoMount keeps
-	// everything on disk.
+	// Mounter mounts tmpfs for medium Memory, secret, downwardAPI and projected
+	// volumes, and pins subPaths with bind mounts. Default SystemMounter
+	// (mount(2), root only); NoMount keeps everything on disk.
 	Mounter Mounter
+	// RuntimeSupportsRecursiveReadOnly says whether the container runtime
+	// handles recursive read-only mounts (CRI RuntimeHandlerFeatures); it decides
+	// recursiveReadOnly: IfPossible and whether Enabled is an error. Default false.
+	RuntimeSupportsRecursiveReadOnly bool
+	// Metrics receives one call per volume mounted or unmounted. Default none.
+	Metrics Metrics
 }
 
 // Errors. Setup, Mounts and Teardown wrap these (errors.Is).
@@ -101,9 +118,32 @@ func (e *UnsupportedError) Error() string {
 // Unwrap returns ErrUnsupportedVolume.
 func (e *UnsupportedError) Unwrap() error { return ErrUnsupportedVolume }
 
+// The kubelet's folder names for the plugins this package implements.
+const (
+	pluginEmptyDir    = "kubernetes.io~empty-dir"
+	pluginConfigMap   = "kubernetes.io~configmap"
+	pluginSecret      = "kubernetes.io~secret"
+	pluginDownwardAPI = "kubernetes.io~downward-api"
+	pluginProjected   = "kubernetes.io~projected"
+)
+
+// defaultMode is the API server's default for defaultMode.
+const defaultMode int32 = 0o644
+
 // Manager sets up, mounts and tears down pod volumes. Build one with New.
 type Manager struct {
-	cfg Config
+	cfg    Config
+	tokens *tokenCache
+
+	mu   sync.Mutex
+	pods map[types.UID]*podLock
+}
+
+// podLock serializes the calls for one pod; refs counts holders and waiters so
+// the entry goes away with the last of them.
+type podLock struct {
+	mu   sync.Mutex
+	refs int
 }
 
 // New validates cfg and returns a Manager.
@@ -114,15 +154,62 @@ func New(cfg Config) (*Manager, error) {
 	if !filepath.IsAbs(cfg.RootDir) {
 		return nil, fmt.Errorf("%w: RootDir %q is not absolute", ErrInvalidConfig, cfg.RootDir)
 	}
+	cfg.RootDir = filepath.Clean(cfg.RootDir)
+	// Mount points are compared by their real paths (mountinfo never shows
+	// symlinks), so a RootDir under a symlink must be resolved: otherwise
+	// Teardown would miss a mount and remove through it.
+	if real, err := filepath.EvalSymlinks(cfg.RootDir); err == nil {
+		cfg.RootDir = real
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	return &Manager{cfg: cfg}, nil
+	if cfg.Mounter == nil {
+		cfg.Mounter = SystemMounter{}
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = noMetrics{}
+	}
+	return &Manager{cfg: cfg, tokens: newTokenCache(cfg.Clock), pods: map[types.UID]*podLock{}}, nil
+}
+
+// PodDir returns <RootDir>/pods/<uid>.
+func (m *Manager) PodDir(uid types.UID) string {
+	return filepath.Join(m.cfg.RootDir, "pods", string(uid))
 }
 
 // PodVolumesDir returns <RootDir>/pods/<uid>/volumes.
 func (m *Manager) PodVolumesDir(uid types.UID) string {
-	return filepath.Join(m.cfg.RootDir, "pods", string(uid), "volumes")
+	return filepath.Join(m.PodDir(uid), "volumes")
+}
+
+func (m *Manager) lockPod(uid types.UID) func() {
+	m.mu.Lock()
+	l, ok := m.pods[uid]
+	if !ok {
+		l = &podLock{}
+		m.pods[uid] = l
+	}
+	l.refs++
+	m.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		m.mu.Lock()
+		l.refs--
+		if l.refs == 0 {
+			delete(m.pods, uid)
+		}
+		m.mu.Unlock()
+	}
+}
+
+func checkUID(uid types.UID) error {
+	s := string(uid)
+	if s == "" || s == "." || s == ".." || strings.ContainsAny(s, "/\x00") {
+		return fmt.Errorf("%w: pod UID %q cannot name a folder", ErrInvalidPod, s)
+	}
+	return nil
 }
 
 // Setup makes every volume of pod. It is idempotent: called again it refreshes
@@ -130,18 +217,163 @@ func (m *Manager) PodVolumesDir(uid types.UID) string {
 // it. A volume that fails does not stop the others; the error joins one
 // *SetupError or *UnsupportedError per failed volume.
 func (m *Manager) Setup(ctx context.Context, pod *corev1.Pod) error {
-	return errors.New("volume: not implemented yet")
+	if pod == nil {
+		return fmt.Errorf("%w: nil pod", ErrInvalidPod)
+	}
+	if err := checkUID(pod.UID); err != nil {
+		return err
+	}
+	unlock := m.lockPod(pod.UID)
+	defer unlock()
+	logger := logr.FromContextOrDiscard(ctx).WithValues("pod", pod.Namespace+"/"+pod.Name, "podUID", pod.UID)
+
+	for _, d := range []string{m.PodDir(pod.UID), m.PodVolumesDir(pod.UID)} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return fmt.Errorf("creating %s: %w", d, err)
+		}
+	}
+	var errs []error
+	seen := map[string]bool{}
+	for i := range pod.Spec.Volumes {
+		v := &pod.Spec.Volumes[i]
+		if err := validateName(v.Name); err != nil || seen[v.Name] {
+			if err == nil {
+				err = fmt.Errorf("%w: volume %q is declared twice", ErrInvalidPod, v.Name)
+			}
+			errs = append(errs, &SetupError{Volume: v.Name, Err: err})
+			continue
+		}
+		seen[v.Name] = true
+		if err := m.setupVolume(ctx, pod, v); err != nil {
+			logger.V(0).Info("Volume setup failed", "volume", v.Name, "err", err)
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
-// Mounts returns the CRI mounts for container's volumeMounts, in their order.
-// subPathExpr is expanded against env (the container's environment, as podenv
-// computes it); env may be left out when no mount uses subPathExpr.
-func (m *Manager) Mounts(pod *corev1.Pod, container *corev1.Container, env ...*runtimeapi.KeyValue) ([]*runtimeapi.Mount, error) {
-	return nil, errors.New("volume: not implemented yet")
+func validateName(name string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
+		return fmt.Errorf("%w: volume name %q cannot name a folder", ErrInvalidPod, name)
+	}
+	return nil
+}
+
+// volumeType names the set field of a VolumeSource by its JSON name ("nfs",
+// "persistentVolumeClaim"), or "" when none is set.
+func volumeType(src *corev1.VolumeSource) string {
+	v := reflect.ValueOf(src).Elem()
+	t := v.Type()
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Field(i)
+		if f.Kind() == reflect.Pointer && !f.IsNil() {
+			name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+			return name
+		}
+	}
+	return ""
+}
+
+func (m *Manager) setupVolume(ctx context.Context, pod *corev1.Pod, v *corev1.Volume) error {
+	began := m.cfg.Clock.Now()
+	wrap := func(plugin string, err error) error {
+		m.cfg.Metrics.VolumeOperation(plugin, "volume_mount", m.cfg.Clock.Since(began), err)
+		if err == nil {
+			return nil
+		}
+		return &SetupError{Volume: v.Name, Err: err}
+	}
+	switch {
+	case v.EmptyDir != nil:
+		return wrap("kubernetes.io/empty-dir", m.setupEmptyDir(pod, v))
+	case v.HostPath != nil:
+		return wrap("kubernetes.io/host-path", checkHostPath(v.HostPath))
+	case v.ConfigMap != nil:
+		return wrap("kubernetes.io/configmap", m.setupConfigMap(ctx, pod, v))
+	case v.Secret != nil:
+		return wrap("kubernetes.io/secret", m.setupSecret(ctx, pod, v))
+	case v.DownwardAPI != nil:
+		return wrap("kubernetes.io/downward-api", m.setupDownwardAPI(ctx, pod, v))
+	case v.Projected != nil:
+		return wrap("kubernetes.io/projected", m.setupProjected(ctx, pod, v))
+	}
+	t := volumeType(&v.VolumeSource)
+	if t == "" {
+		t = "none"
+	}
+	return &UnsupportedError{Volume: v.Name, Type: t}
 }
 
 // Teardown unmounts and removes every volume of the pod with podUID, and the
-// pod's subPath bind mounts. Missing folders are not an error.
+// pod's subPath bind mounts, and forgets its tokens. Nothing is removed while a
+// mount below the pod's folders remains: removing through a leftover bind mount
+// would delete the host's files. Missing folders are not an error.
 func (m *Manager) Teardown(ctx context.Context, podUID types.UID) error {
-	return errors.New("volume: not implemented yet")
+	if err := checkUID(podUID); err != nil {
+		return err
+	}
+	unlock := m.lockPod(podUID)
+	defer unlock()
+	logger := logr.FromContextOrDiscard(ctx).WithValues("podUID", podUID)
+
+	dirs := []string{filepath.Join(m.PodDir(podUID), "volume-subpaths"), m.PodVolumesDir(podUID)}
+	for _, d := range dirs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		mps, err := m.cfg.Mounter.MountPoints(d)
+		if err != nil {
+			return fmt.Errorf("listing mounts under %s: %w", d, err)
+		}
+		for _, mp := range mps {
+			began := m.cfg.Clock.Now()
+			err := m.cfg.Mounter.Unmount(mp)
+			m.reportUnmount(d, mp, m.cfg.Clock.Since(began), err)
+			if err != nil {
+				return fmt.Errorf("tearing down pod %s: %w", podUID, err)
+			}
+			logger.V(4).Info("Unmounted", "path", mp)
+		}
+		if left, err := m.cfg.Mounter.MountPoints(d); err != nil || len(left) > 0 {
+			return fmt.Errorf("tearing down pod %s: %s still has mounts %v (%v)", podUID, d, left, err)
+		}
+		if err := os.RemoveAll(d); err != nil {
+			return fmt.Errorf("tearing down pod %s: %w", podUID, err)
+		}
+	}
+	m.tokens.forget(podUID)
+	logger.V(4).Info("Pod volumes torn down")
+	return nil
+}
+
+// PodsOnDisk lists the pod UIDs that have a folder under <RootDir>/pods, for an
+// agent that restarts and must tear down the volumes of pods that are gone (the
+// kubelet's cleanupOrphanedPodDirs). A missing pods folder is an empty list.
+func (m *Manager) PodsOnDisk() ([]types.UID, error) {
+	entries, err := os.ReadDir(filepath.Join(m.cfg.RootDir, "pods"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []types.UID
+	for _, e := range entries {
+		if e.IsDir() {
+			out = append(out, types.UID(e.Name()))
+		}
+	}
+	return out, nil
+}
+
+// reportUnmount reports an unmount under dir to Metrics with the plugin of the
+// volume folder it belongs to (subPath binds count for their volume's plugin
+// when it can be told, else "kubernetes.io/subpath").
+func (m *Manager) reportUnmount(dir, mountPoint string, d time.Duration, err error) {
+	plugin := "kubernetes.io/subpath"
+	if rel, relErr := filepath.Rel(dir, mountPoint); relErr == nil && filepath.Base(dir) == "volumes" {
+		folder, _, _ := strings.Cut(rel, "/")
+		plugin = pluginName(folder)
+	}
+	m.cfg.Metrics.VolumeOperation(plugin, "volume_unmount", d, err)
 }

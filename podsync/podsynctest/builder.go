@@ -84,9 +84,12 @@ func (b *Builder) ContainerConfig(_ context.Context, pod *corev1.Pod, c *corev1.
 	}, nil
 }
 
-// Event is one recorded event.
+// Event is one recorded event. FieldPath is the container the event is about
+// ("spec.containers{app}", as the kubelet's container references carry it), or
+// "" for events about the pod.
 type Event struct {
 	Type, Reason, Message string
+	FieldPath             string
 }
 
 // String returns "Type Reason Message", the shape of client-go's FakeRecorder.
@@ -99,10 +102,14 @@ type Recorder struct {
 }
 
 // Eventf records an event.
-func (r *Recorder) Eventf(_ runtime.Object, eventType, reason, messageFmt string, args ...any) {
+func (r *Recorder) Eventf(obj runtime.Object, eventType, reason, messageFmt string, args ...any) {
+	var field string
+	if ref, ok := obj.(*corev1.ObjectReference); ok {
+		field = ref.FieldPath
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.events = append(r.events, Event{Type: eventType, Reason: reason, Message: fmt.Sprintf(messageFmt, args...)})
+	r.events = append(r.events, Event{Type: eventType, Reason: reason, Message: fmt.Sprintf(messageFmt, args...), FieldPath: field})
 }
 
 // Events returns the events recorded so far.
@@ -121,9 +128,59 @@ func (r *Recorder) Strings() []string {
 	return out
 }
 
+// WithFields returns the events as "FieldPath: Type Reason Message" strings, the
+// shape kubectl describe prints them in.
+func (r *Recorder) WithFields() []string {
+	var out []string
+	for _, e := range r.Events() {
+		out = append(out, e.FieldPath+": "+e.String())
+	}
+	return out
+}
+
 // Reset forgets the recorded events.
 func (r *Recorder) Reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = nil
+}
+
+// Metrics counts what a Syncer reports; it satisfies podsync.Metrics.
+type Metrics struct {
+	mu sync.Mutex
+	// Counts by metric: "sandbox", "sandbox_errors", "started/<type>",
+	// "errors/<type>/<code>".
+	counts map[string]int
+}
+
+func (m *Metrics) inc(key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.counts == nil {
+		m.counts = map[string]int{}
+	}
+	m.counts[key]++
+}
+
+// SandboxStarted counts "sandbox".
+func (m *Metrics) SandboxStarted() { m.inc("sandbox") }
+
+// SandboxStartFailed counts "sandbox_errors".
+func (m *Metrics) SandboxStartFailed() { m.inc("sandbox_errors") }
+
+// ContainerStarted counts "started/<type>".
+func (m *Metrics) ContainerStarted(t string) { m.inc("started/" + t) }
+
+// ContainerStartFailed counts "errors/<type>/<code>".
+func (m *Metrics) ContainerStartFailed(t, code string) { m.inc("errors/" + t + "/" + code) }
+
+// Counts returns a copy of the counts.
+func (m *Metrics) Counts() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range m.counts {
+		out[k] = v
+	}
+	return out
 }
