@@ -417,6 +417,10 @@ func (m *podManager) worker(ctx context.Context, e *podEntry) {
 		if finished {
 			return
 		}
+		if err != nil && ctx.Err() == nil {
+			pod, _ := m.snapshot(e)
+			klog.ErrorS(err, "Error syncing pod, skipping", "pod", klog.KObj(pod), "podUID", pod.UID)
+		}
 		next := m.cfg.cfg.SyncFrequency.Duration
 		if err != nil {
 			next = workerBackOffPeriod
