@@ -438,3 +438,50 @@ func httpGet(t *testing.T, c interface {
 }
 
 func netIP(s string) net.IP { return net.ParseIP(s) }
+
+// The seed's story: a node whose network plugin never started is NotReady with the
+// runtime's own words, in the API and in the kubelet's log; installing the plugin
+// brings it back Ready on its own; losing it again logs "Node became not ready".
+func TestKubeletNodeNotReadyWithoutCNI(t *testing.T) {
+	testenv.RequireLong(t)
+	testenv.RequireRoot(t)
+	cp := controlplane.Start(t, controlplane.Options{})
+	n := startNode(t, cp, "nk-nocni", false)
+	const seedMessage = "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized"
+	const seedLog = `"Container runtime network not ready" networkReady="NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized"`
+
+	node := n.waitReady(t, corev1.ConditionFalse, 60*time.Second)
+	ready := nodeCondition(node, corev1.NodeReady)
+	assert.Equal(t, "KubeletNotReady", ready.Reason)
+	assert.Equal(t, seedMessage, ready.Message)
+	assert.Contains(t, n.log(t), seedLog)
+	out := kubectl(t, cp, "get", "node", n.name, "--no-headers")
+	assert.Regexp(t, `^nk-nocni\s+NotReady\s`, out)
+
+	require.NoError(t, n.ctd.WriteCNIConfig())
+	eventually(t, 60*time.Second, "node Ready after the CNI config appeared", func() (bool, string) {
+		got, err := n.admin.CoreV1().Nodes().Get(context.Background(), n.name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		c := nodeCondition(got, corev1.NodeReady)
+		return c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v", c)
+	})
+	t.Log("node Ready on its own once the CNI config was written")
+
+	// The network plugin goes away (containerd restarts without its config): the
+	// node goes NotReady again and the kubelet logs the transition, as in the seed.
+	n.ctd.Kill()
+	require.NoError(t, os.Remove(filepath.Join(n.ctd.Dir(), "cni", "10-nodekit.conflist")))
+	n.ctd.Restart(t)
+	node = n.waitReady(t, corev1.ConditionFalse, 60*time.Second)
+	assert.Equal(t, seedMessage, nodeCondition(node, corev1.NodeReady).Message)
+	eventually(t, 10*time.Second, "the Node became not ready log line", func() (bool, string) {
+		l := n.log(t)
+		return strings.Contains(l, `"Node became not ready" node="nk-nocni" condition={"Type":"Ready","Status":"False"`) &&
+			strings.Contains(l, `"Reason":"KubeletNotReady","Message":"`+seedMessage+`"}`), "not logged yet"
+	})
+	events := kubectl(t, cp, "get", "events", "--field-selector", "involvedObject.name=nk-nocni", "-o", "custom-columns=REASON:.reason", "--no-headers")
+	assert.Contains(t, events, "NodeNotReady")
+	assert.Contains(t, events, "NodeReady")
+}
