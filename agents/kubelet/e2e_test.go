@@ -106,7 +106,7 @@ func startNode(t *testing.T, cp *controlplane.ControlPlane, name string, cni boo
 		"--root-dir=" + filepath.Join(dir, "root"),
 		"--container-runtime-endpoint=" + n.ctd.Endpoint(),
 		"--node-labels=nodekit.dev/test=" + name,
-		"-v=2",
+		"-v=" + verbosity(),
 	}
 	n.startKubelet(t)
 	// Registered after containerd's, so it runs first: the kubelet stops before
@@ -117,9 +117,23 @@ func startNode(t *testing.T, cp *controlplane.ControlPlane, name string, cni boo
 			if t.Failed() {
 				t.Logf("--- kubelet log tail ---\n%s", n.kubelet.Tail(6000))
 			}
+			// NODEKIT_KUBELET_LOGDIR keeps the whole kubelet log for debugging.
+			if d := os.Getenv("NODEKIT_KUBELET_LOGDIR"); d != "" {
+				if b, err := os.ReadFile(filepath.Join(dir, "kubelet.log")); err == nil {
+					_ = os.WriteFile(filepath.Join(d, name+".log"), b, 0o644)
+				}
+			}
 		}
 	})
 	return n
+}
+
+// verbosity is the kubelet's -v in these tests: NODEKIT_KUBELET_V, default 2.
+func verbosity() string {
+	if v := os.Getenv("NODEKIT_KUBELET_V"); v != "" {
+		return v
+	}
+	return "2"
 }
 
 func (n *testNode) startKubelet(t *testing.T) {

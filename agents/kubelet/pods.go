@@ -7,10 +7,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -161,7 +163,13 @@ func (m *podManager) probeResult(t podsync.ProbeType, containerID string) (podsy
 	default:
 		pt = probe.Startup
 	}
-	k, ok := m.probes.Result(pt, m.runtimeName()+"://"+containerID)
+	// The probe manager keys results by the status's container ID
+	// ("containerd://<id>"); podsync's documentation says it passes the bare ID but
+	// it passes the status form, so take either.
+	if !strings.Contains(containerID, "://") {
+		containerID = m.runtimeName() + "://" + containerID
+	}
+	k, ok := m.probes.Result(pt, containerID)
 	if !ok {
 		return podsync.ProbeUnknown, false
 	}
@@ -349,8 +357,14 @@ func (m *podManager) upsert(p *corev1.Pod, static bool) {
 	defer m.mu.Unlock()
 	e, ok := m.pods[p.UID]
 	if ok {
+		old := e.pod
 		e.pod = p
 		e.gone = false
+		// Only a change the kubelet acts on wakes the worker, as the kubelet's pod
+		// config does; its own status writes coming back through the informer do not.
+		if !podChanged(old, p) {
+			return
+		}
 		select {
 		case e.wake <- struct{}{}:
 		default:
@@ -369,6 +383,16 @@ func (m *podManager) upsert(p *corev1.Pod, static bool) {
 		defer m.wg.Done()
 		m.worker(ctx, e)
 	}()
+}
+
+// podChanged reports whether an update changes what the kubelet acts on: spec,
+// labels, annotations or the deletion fields (pkg/kubelet/config checkAndUpdatePod).
+func podChanged(old, cur *corev1.Pod) bool {
+	return !apiequality.Semantic.DeepEqual(old.Spec, cur.Spec) ||
+		!apiequality.Semantic.DeepEqual(old.Labels, cur.Labels) ||
+		!apiequality.Semantic.DeepEqual(old.Annotations, cur.Annotations) ||
+		!apiequality.Semantic.DeepEqual(old.DeletionTimestamp, cur.DeletionTimestamp) ||
+		!apiequality.Semantic.DeepEqual(old.DeletionGracePeriodSeconds, cur.DeletionGracePeriodSeconds)
 }
 
 func (m *podManager) removePod(uid types.UID) {

@@ -77,14 +77,16 @@ func (s *statusManager) write(ctx context.Context, pod *corev1.Pod, static bool,
 	} else if cur := s.current(pod); cur != nil && cur.UID == pod.UID {
 		target = cur
 	}
-	s.mu.Lock()
-	last := s.last[pod.UID]
-	s.mu.Unlock()
-	if apiequality.Semantic.DeepEqual(&target.Status, st) || (last != nil && apiequality.Semantic.DeepEqual(last, st) && apiequality.Semantic.DeepEqual(&target.Status, last)) {
+	if apiequality.Semantic.DeepEqual(&target.Status, st) {
 		return
 	}
 	oldData, err := json.Marshal(corev1.Pod{Status: target.Status})
 	if err != nil {
+		return
+	}
+	// Compared as the API server stores it (times in whole seconds): a status that
+	// differs only below that is unchanged.
+	if newJSON, err := json.Marshal(corev1.Pod{Status: *st}); err == nil && string(newJSON) == string(oldData) {
 		return
 	}
 	// The UID in the new side makes the patch carry it as a precondition: a pod

@@ -325,6 +325,10 @@ func (cp *ControlPlane) startControllerManager(bin string) error {
 		"--node-monitor-period="+cp.opts.NodeMonitorPeriod.String(),
 		"--node-monitor-grace-period="+cp.opts.NodeMonitorGracePeriod.String(),
 		"--service-account-private-key-file="+cp.path("sa.key"),
+		// The root CA the root-ca-certificate-publisher puts in kube-root-ca.crt
+		// (without it the kubeconfig's CA, a file here, is not read and pods'
+		// projected ca.crt comes out empty).
+		"--root-ca-file="+filepath.Join(cp.dir, "apiserver-certs", "apiserver.crt"),
 	)
 	if err != nil {
 		return err
