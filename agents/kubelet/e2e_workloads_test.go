@@ -123,7 +123,7 @@ func TestKubeletWorkloads(t *testing.T) {
 		}
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: "ready", Namespace: "default"},
-			Spec: corev1.ServiceSpec{Selector: p.Labels, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+			Spec:       corev1.ServiceSpec{Selector: p.Labels, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
 		}
 		_, err := n.admin.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
 		require.NoError(t, err)
