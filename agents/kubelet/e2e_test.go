@@ -96,6 +96,7 @@ func startNode(t *testing.T, cp *controlplane.ControlPlane, name string, cni boo
 	n.dir = dir
 	cp.WriteNodeKubeconfig(t, filepath.Join(dir, "kubeconfig"), name, "https://"+fwd)
 	cfg := nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\n", filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "manifests"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cfg), 0o600))
 	n.args = []string{
 		"--net=" + n.env.Node.Path(), kubeletBin,
