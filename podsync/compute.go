@@ -91,12 +91,16 @@ func restartOnFailure(pod *corev1.Pod) bool {
 // restarts: its restartPolicyRules first (the first rule whose exit codes
 // match; action Restart restarts), then its own restartPolicy, then the pod's
 // (pkg/api/v1/pod ContainerShouldRestart, ContainerRestartRules being on by
-// default since 1.35). RestartAllContainers actions (alpha) fall through to the
-// container's policy.
+// default since 1.35). A matching RestartAllContainers rule also says restart
+// (RestartAllContainersOnContainerExits is beta and on in 1.37); restarting the
+// other containers with it is not implemented.
 func ContainerShouldRestart(ctr *corev1.Container, spec *corev1.PodSpec, exitCode int32) bool {
 	if ctr.RestartPolicy != nil {
-		if rule, ok := matchingRestartRule(ctr, exitCode); ok && rule.Action == corev1.ContainerRestartRuleActionRestart {
-			return true
+		if rule, ok := matchingRestartRule(ctr, exitCode); ok {
+			switch rule.Action {
+			case corev1.ContainerRestartRuleActionRestart, corev1.ContainerRestartRuleActionRestartAllContainers:
+				return true
+			}
 		}
 		switch *ctr.RestartPolicy {
 		case corev1.ContainerRestartPolicyAlways:

@@ -400,3 +400,70 @@ func mustView(t *testing.T, rt podsync.ViewSource, pod *corev1.Pod) *podsync.Pod
 	require.NoError(t, err)
 	return v
 }
+
+// TestContainerdCrashLoopWithSidecar runs a sidecar and an app that crashes,
+// on a short back-off (1s doubling to 2s) so the test stays quick: the app is
+// restarted with growing restart counts and reported in CrashLoopBackOff in
+// between, while the sidecar keeps running untouched.
+func TestContainerdCrashLoopWithSidecar(t *testing.T) {
+	testenv.RequireLong(t)
+	cd := containerd.Start(t, containerd.Options{})
+	rt := newRawRuntime(cd.Conn(t))
+	events := &podsynctest.Recorder{}
+	syncer, err := podsync.New(podsync.Config{
+		Runtime: rt, Builder: &hostBuilder{logs: t.TempDir(), out: t.TempDir()}, Events: events,
+		Backoff: podsync.NewBackoffWith(nil, time.Second, 2*time.Second),
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	image := cd.BusyboxImage()
+	always := corev1.ContainerRestartPolicyAlways
+	grace := int64(5)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "crashy", Namespace: "nodekit-test", UID: "uid-podsync-crashy"},
+		Spec: corev1.PodSpec{
+			HostNetwork: true, RestartPolicy: corev1.RestartPolicyAlways, TerminationGracePeriodSeconds: &grace,
+			InitContainers: []corev1.Container{{Name: "proxy", Image: image, ImagePullPolicy: corev1.PullIfNotPresent, RestartPolicy: &always,
+				Command: []string{"sh", "-c", "trap 'exit 0' TERM; while true; do sleep 0.2; done"}}},
+			Containers: []corev1.Container{{Name: "app", Image: image, ImagePullPolicy: corev1.PullIfNotPresent,
+				Command: []string{"sh", "-c", "echo crashing; exit 1"}}},
+		},
+	}
+	var proxyID string
+	sawBackOff := false
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		syncer.SyncPod(ctx, pod, nil)
+		st := syncer.PodStatus(pod, mustView(t, rt, pod), podsync.StatusInput{HostIPs: []string{"127.0.0.1"}})
+		pod.Status = st
+		proxy := st.InitContainerStatuses[0]
+		if proxy.State.Running != nil {
+			if proxyID == "" {
+				proxyID = proxy.ContainerID
+			}
+			assert.Equal(t, proxyID, proxy.ContainerID, "the sidecar is never restarted")
+		}
+		if len(st.ContainerStatuses) == 1 {
+			app := st.ContainerStatuses[0]
+			if w := app.State.Waiting; w != nil && w.Reason == "CrashLoopBackOff" {
+				sawBackOff = true
+				assert.Contains(t, w.Message, "restarting failed container=app pod=crashy_nodekit-test(uid-podsync-crashy)")
+				require.NotNil(t, app.LastTerminationState.Terminated)
+				assert.EqualValues(t, 1, app.LastTerminationState.Terminated.ExitCode)
+			}
+			if sawBackOff && app.RestartCount >= 3 {
+				assert.Equal(t, corev1.PodRunning, st.Phase, "a crash-looping Always pod stays Running")
+				break
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "no crash loop seen in time: %+v", st)
+		time.Sleep(100 * time.Millisecond)
+	}
+	assert.Contains(t, strings.Join(events.WithFields(), "\n"), "spec.containers{app}: Warning BackOff Back-off restarting failed container app in pod crashy_nodekit-test(uid-podsync-crashy)")
+
+	require.NoError(t, syncer.KillPod(ctx, pod, nil, nil).Error())
+	st := syncer.PodStatus(pod, mustView(t, rt, pod), podsync.StatusInput{Terminal: true})
+	require.NotNil(t, st.InitContainerStatuses[0].State.Terminated)
+	assert.EqualValues(t, 0, st.InitContainerStatuses[0].State.Terminated.ExitCode, "the sidecar got SIGTERM and exited cleanly")
+	require.NoError(t, syncer.RemovePod(ctx, pod.UID))
+}

@@ -33,7 +33,8 @@
 //
 // # Semantics matched upstream
 //
-// Read from kubernetes v1.37 pkg/kubelet/kuberuntime (computePodActions,
+// Read from kubernetes v1.37.2 (the module source, default feature gates)
+// pkg/kubelet/kuberuntime (computePodActions,
 // computeInitContainerActions, SyncPod, startContainer, killContainer,
 // killPodWithSyncResult, doBackOff), pkg/kubelet/images (EnsureImageExists),
 // pkg/kubelet/lifecycle (handlers), pkg/kubelet/kubelet_pods.go
@@ -41,18 +42,25 @@
 // pkg/kubelet/status/generate.go and the prober manager's started/ready rules.
 // docs/podsync.md lists them with the tests that check each.
 //
-//   - Restart back-off: 10s doubling to 300s per container (key: pod name,
-//     namespace, UID, container name and spec hash), counted from the last
-//     exit, forgotten after 10 minutes without a failure. Image pull back-off:
+//   - Restart back-off: 10s doubling to 300s per container (key: FNV-64a of
+//     pod name, namespace, UID, container name, image and resources), counted from the last
+//     exit, forgotten 10 minutes after the last failure. Image pull back-off:
 //     the same bounds, keyed by pod UID and image.
 //   - Grace: deletionGracePeriodSeconds, else a liveness or startup probe's
 //     terminationGracePeriodSeconds for kills caused by that probe, else the
 //     pod's terminationGracePeriodSeconds; preStop hooks eat into it; the
 //     runtime always gets at least 2s.
 //   - Events carry the kubelet's reasons and messages: Pulling, Pulled,
-//     Failed ("Error: ErrImagePull"), BackOff, Created ("Created container:
-//     app"), Started, Killing, SandboxChanged, FailedCreatePodSandBox,
-//     FailedPostStartHook, FailedPreStopHook, DeadlineExceeded.
+//     Failed ("Error: ErrImagePull"), BackOff, Created ("Container created"),
+//     Started ("Container started"), Killing, SandboxChanged,
+//     FailedCreatePodSandBox, FailedPostStartHook, FailedPreStopHook,
+//     DeadlineExceeded; container events are about the container's object
+//     reference (fieldPath spec.containers{app}), as the kubelet's.
+//   - Restarts follow the pod's restartPolicy and, since ContainerRestartRules
+//     is on by default, each container's restartPolicy and restartPolicyRules.
+//   - upstream/podsync checks the hash, back-off key, restart rules, reason
+//     words, event references, conditions and hook requests against the
+//     kubelet's own code.
 //
 // # Clocks
 //

@@ -142,28 +142,41 @@ func hookRequest(ctx context.Context, g *corev1.HTTPGetAction, ctr *corev1.Conta
 	} else if req.Header.Get("Accept") == "" {
 		req.Header.Del("Accept")
 	}
-	if h := req.Header.Get("Host"); h != "" {
-		req.Host = h
-	}
+	// As the kubelet: the Host header, or "" (the URL's host goes on the wire).
+	req.Host = req.Header.Get("Host")
 	return req, nil
 }
 
+// hookError is a bad handler: its text is the kubelet's, errors.Is finds
+// ErrInvalidHook.
+type hookError struct{ msg string }
+
+func (e *hookError) Error() string { return e.msg }
+func (e *hookError) Unwrap() error { return ErrInvalidHook }
+
+// resolvePort is the kubelet's probe.ResolveContainerPort: a number, or the name
+// of one of the container's ports.
 func resolvePort(p intstr.IntOrString, ctr *corev1.Container) (int, error) {
-	if p.Type == intstr.Int {
-		if p.IntVal <= 0 || p.IntVal > 65535 {
-			return 0, fmt.Errorf("%w: port %d out of range", ErrInvalidHook, p.IntVal)
+	port := -1
+	switch p.Type {
+	case intstr.Int:
+		port = p.IntValue()
+	case intstr.String:
+		found := false
+		for _, cp := range ctr.Ports {
+			if cp.Name == p.StrVal {
+				port, found = int(cp.ContainerPort), true
+				break
+			}
 		}
-		return int(p.IntVal), nil
-	}
-	for _, cp := range ctr.Ports {
-		if cp.Name == p.StrVal {
-			return int(cp.ContainerPort), nil
+		if !found {
+			return 0, &hookError{fmt.Sprintf("port %q not found", p.StrVal)}
 		}
 	}
-	if n, err := strconv.Atoi(p.StrVal); err == nil && n > 0 && n <= 65535 {
-		return n, nil
+	if port > 0 && port < 65536 {
+		return port, nil
 	}
-	return 0, fmt.Errorf("%w: couldn't find port: %v in %v", ErrInvalidHook, p.StrVal, ctr.Name)
+	return port, &hookError{fmt.Sprintf("invalid port number: %v", port)}
 }
 
 // defaultHookClient is the kubelet's lifecycle HTTP client: TLS not verified,

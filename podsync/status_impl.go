@@ -18,6 +18,9 @@ const (
 	// ReasonContainerStatusUnknown is the terminated reason of a container the
 	// runtime lost track of.
 	ReasonContainerStatusUnknown = "ContainerStatusUnknown"
+	// ReasonRestartingAllContainers marks containers stopped by a
+	// RestartAllContainers rule.
+	ReasonRestartingAllContainers = "RestartingAllContainers"
 )
 
 // Condition reasons (pkg/kubelet/status/generate.go).
@@ -101,7 +104,7 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	}
 	s.Conditions = append(s.Conditions,
 		rtsc,
-		initializedCondition(&pod.Spec, statuses, s.Phase),
+		initializedCondition(&pod.Spec, old.Conditions, statuses, s.Phase),
 		readyCondition(&pod.Spec, s.Conditions, statuses, s.Phase),
 		containersReadyCondition(&pod.Spec, statuses, s.Phase),
 		corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionTrue},
@@ -174,10 +177,24 @@ func convertContainer(c *runtimeapi.ContainerStatus, view *PodView, runtimeName 
 	}
 	if old != nil {
 		st.VolumeMounts = old.VolumeMounts
+		// With RestartAllContainersOnContainerExits on (1.37 default), the old
+		// status's restart count and last termination survive the runtime
+		// having removed older attempts.
+		if old.RestartCount > st.RestartCount {
+			st.RestartCount = old.RestartCount
+		}
+		if old.ContainerID != st.ContainerID && old.State.Terminated != nil {
+			st.LastTerminationState.Terminated = old.State.Terminated.DeepCopy()
+		} else if old.LastTerminationState.Terminated != nil {
+			st.LastTerminationState.Terminated = old.LastTerminationState.Terminated.DeepCopy()
+		}
 	}
 	switch c.GetState() {
 	case runtimeapi.ContainerState_CONTAINER_RUNNING:
 		st.State.Running = &corev1.ContainerStateRunning{StartedAt: nanoTime(c.GetStartedAt())}
+		if old != nil && old.State.Terminated != nil && old.RestartCount >= int32(RestartCount(c)) {
+			st.RestartCount = old.RestartCount + 1
+		}
 	case runtimeapi.ContainerState_CONTAINER_CREATED:
 		st.State.Waiting = &corev1.ContainerStateWaiting{}
 	case runtimeapi.ContainerState_CONTAINER_EXITED:
@@ -479,12 +496,12 @@ func phase(pod *corev1.Pod, info []corev1.ContainerStatus, terminal, podHasIniti
 		case !ok, s.State.Running != nil:
 			pendingInits++
 		case s.State.Terminated != nil:
-			if code := s.State.Terminated.ExitCode; code != 0 && !ContainerShouldRestart(c, spec, code) {
+			if code := s.State.Terminated.ExitCode; code != 0 && !ContainerShouldRestart(c, spec, code) && s.State.Terminated.Reason != ReasonRestartingAllContainers {
 				failedInitNotRestartable++
 			}
 		case s.State.Waiting != nil:
 			if t := s.LastTerminationState.Terminated; t != nil {
-				if t.ExitCode != 0 && !ContainerShouldRestart(c, spec, t.ExitCode) {
+				if t.ExitCode != 0 && !ContainerShouldRestart(c, spec, t.ExitCode) && t.Reason != ReasonRestartingAllContainers {
 					failedInitNotRestartable++
 				}
 			} else {
@@ -532,7 +549,7 @@ func phase(pod *corev1.Pod, info []corev1.ContainerStatus, terminal, podHasIniti
 		case s.State.Terminated != nil:
 			stopped++
 			code := s.State.Terminated.ExitCode
-			if !ContainerShouldRestart(c, spec, code) {
+			if !ContainerShouldRestart(c, spec, code) && s.State.Terminated.Reason != ReasonRestartingAllContainers {
 				stoppedNotRestartable++
 			}
 			if code == 0 {
@@ -541,7 +558,7 @@ func phase(pod *corev1.Pod, info []corev1.ContainerStatus, terminal, podHasIniti
 		case s.State.Waiting != nil:
 			if t := s.LastTerminationState.Terminated; t != nil {
 				stopped++
-				if !ContainerShouldRestart(c, spec, t.ExitCode) {
+				if !ContainerShouldRestart(c, spec, t.ExitCode) && t.Reason != ReasonRestartingAllContainers {
 					stoppedNotRestartable++
 				}
 			} else {
@@ -654,7 +671,7 @@ func readyCondition(spec *corev1.PodSpec, conds []corev1.PodCondition, statuses 
 	return corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue}
 }
 
-func initializedCondition(spec *corev1.PodSpec, statuses []corev1.ContainerStatus, ph corev1.PodPhase) corev1.PodCondition {
+func initializedCondition(spec *corev1.PodSpec, old []corev1.PodCondition, statuses []corev1.ContainerStatus, ph corev1.PodPhase) corev1.PodCondition {
 	var unknown, incomplete []string
 	for i := range spec.InitContainers {
 		c := &spec.InitContainers[i]
@@ -685,6 +702,13 @@ func initializedCondition(spec *corev1.PodSpec, statuses []corev1.ContainerStatu
 		msgs = append(msgs, fmt.Sprintf("containers with incomplete status: %s", incomplete))
 	}
 	if len(msgs) > 0 {
+		// With RestartAllContainersOnContainerExits (on by default in 1.37) a pod
+		// once initialized stays so while its containers are being restarted.
+		for _, c := range old {
+			if c.Type == corev1.PodInitialized && c.Status == corev1.ConditionTrue {
+				return corev1.PodCondition{Type: corev1.PodInitialized, Status: corev1.ConditionTrue}
+			}
+		}
 		return corev1.PodCondition{Type: corev1.PodInitialized, Status: corev1.ConditionFalse, Reason: ReasonContainersNotInitialized, Message: strings.Join(msgs, ", ")}
 	}
 	return corev1.PodCondition{Type: corev1.PodInitialized, Status: corev1.ConditionTrue}

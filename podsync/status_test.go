@@ -468,3 +468,51 @@ func TestPodStatusAfterAgentRestart(t *testing.T) {
 	s = PodStatus(pod, v, StatusInput{Now: agentStart})
 	assert.False(t, ctrStatus(t, s.ContainerStatuses, "side").Ready)
 }
+
+func TestPodStatusKeepsInitializedAndRestartHistory(t *testing.T) {
+	pod := testPod(withInits("i1"))
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodInitialized, Status: corev1.ConditionTrue}}
+	// The runtime lost everything of the current sandbox but a fresh init attempt.
+	v := view(ready(), cs{name: "i1", id: "x", state: running})
+	s := PodStatus(pod, v, StatusInput{Now: t0})
+	assert.Equal(t, "True//", condSummary(s)[corev1.PodInitialized], "once initialized, stays so (RestartAllContainersOnContainerExits)")
+
+	// Older attempts garbage-collected: restart count and last termination come
+	// from the old status.
+	pod = testPod()
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name: "app", ContainerID: "containerd://old", RestartCount: 6,
+		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 2, Reason: "Error"}},
+	}}
+	v = view(ready(), cs{name: "app", id: "new", state: running, restarts: 6}, cs{name: "side", id: "b", state: running})
+	app := ctrStatus(t, PodStatus(pod, v, StatusInput{Now: t0}).ContainerStatuses, "app")
+	assert.EqualValues(t, 7, app.RestartCount, "running again after a recorded termination")
+	require.NotNil(t, app.LastTerminationState.Terminated)
+	assert.EqualValues(t, 2, app.LastTerminationState.Terminated.ExitCode)
+}
+
+func TestTerminationMessageReadsOnlyTheTail(t *testing.T) {
+	dir := t.TempDir()
+	logPath := dir + "/0.log"
+	var log strings.Builder
+	for i := 0; i < 20000; i++ { // about 1 MiB of log
+		fmt.Fprintf(&log, "2026-12-03T06:00:00.000000000Z stdout F line %05d %s\n", i, strings.Repeat("y", 10))
+	}
+	require.NoError(t, os.WriteFile(logPath, []byte(log.String()), 0o644))
+	msgPath := dir + "/msg"
+	require.NoError(t, os.WriteFile(msgPath, []byte(strings.Repeat("m", 5000)+"END"), 0o644))
+	c := &runtimeapi.ContainerStatus{
+		State: runtimeapi.ContainerState_CONTAINER_EXITED, ExitCode: 1, LogPath: logPath,
+		Annotations: map[string]string{AnnotationTerminationMessagePath: "/dev/termination-log", AnnotationTerminationMessagePolicy: string(corev1.TerminationMessageFallbackToLogsOnError)},
+		Mounts:      []*runtimeapi.Mount{{ContainerPath: "/dev/termination-log", HostPath: msgPath}},
+	}
+	got := TerminationMessage(c, OSFiles{})
+	assert.Len(t, got, MaxTerminationMessageLength)
+	assert.True(t, strings.HasSuffix(got, "END"))
+
+	require.NoError(t, os.WriteFile(msgPath, nil, 0o644))
+	got = TerminationMessage(c, OSFiles{})
+	want := lastLogText([]byte(log.String())) // the whole file, the slow way
+	assert.Equal(t, want, got, "the tail window gives the same message as the whole log")
+	assert.True(t, strings.HasSuffix(got, "line 19999 yyyyyyyyyy\n"))
+}

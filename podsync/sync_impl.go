@@ -261,13 +261,14 @@ func (s *Syncer) purgeInitContainers(ctx context.Context, pod *corev1.Pod, view 
 	}
 }
 
-// pruneInitContainers keeps the newest exited attempt of each init container
-// and removes older exited ones.
+// pruneInitContainers keeps the newest exited (or unknown) attempt of each init
+// container and removes older ones (pruneInitContainersBeforeStart). Their log
+// files are the agent's to remove.
 func (s *Syncer) pruneInitContainers(ctx context.Context, pod *corev1.Pod, view *PodView) {
 	for i := range pod.Spec.InitContainers {
 		kept := false
 		for _, c := range view.Attempts(pod.Spec.InitContainers[i].Name) {
-			if c.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED {
+			if st := c.GetState(); st != runtimeapi.ContainerState_CONTAINER_EXITED && st != runtimeapi.ContainerState_CONTAINER_UNKNOWN {
 				continue
 			}
 			if !kept {
@@ -666,6 +667,10 @@ func (s *Syncer) killPod(ctx context.Context, pod *corev1.Pod, view *PodView, ov
 	for _, v := range running {
 		done[v.name] = make(chan struct{})
 	}
+	appNames := map[string]bool{}
+	for i := range pod.Spec.Containers {
+		appNames[pod.Spec.Containers[i].Name] = true
+	}
 	sidecarIndex := map[string]int{}
 	for i := range pod.Spec.InitContainers {
 		if IsRestartableInitContainer(&pod.Spec.InitContainers[i]) {
@@ -681,7 +686,9 @@ func (s *Syncer) killPod(ctx context.Context, pod *corev1.Pod, view *PodView, ov
 			timeout := s.cfg.Clock.After(remaining)
 			for _, other := range running {
 				oi, otherSidecar := sidecarIndex[other.name]
-				if other.name == name || (otherSidecar && oi < idx) {
+				// App containers, and the sidecars started after this one; not
+				// regular init containers (newTerminationOrdering).
+				if other.name == name || (otherSidecar && oi < idx) || (!otherSidecar && !appNames[other.name]) {
 					continue
 				}
 				select {
@@ -749,7 +756,15 @@ func (s *Syncer) removePod(ctx context.Context, uid types.UID) error {
 	if len(errs) == 0 {
 		s.mu.Lock()
 		delete(s.waiting, uid)
+		for key := range s.pullErrors {
+			if strings.HasPrefix(key, string(uid)+"_") {
+				delete(s.pullErrors, key)
+			}
+		}
 		s.mu.Unlock()
 	}
+	// The kubelet collects expired back-off entries on its housekeeping pass.
+	s.cfg.Backoff.GC()
+	s.cfg.ImageBackoff.GC()
 	return errors.Join(errs...)
 }

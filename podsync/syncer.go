@@ -171,8 +171,9 @@ func (s *Syncer) KillPod(ctx context.Context, pod *corev1.Pod, view *PodView, gr
 	return s.killPod(ctx, pod, view, gracePeriodOverride)
 }
 
-// RemovePod removes the pod's stopped containers and sandboxes from the runtime
-// and forgets what the Syncer recorded about it.
+// RemovePod removes the pod's stopped containers and sandboxes from the runtime,
+// forgets what the Syncer recorded about it, and collects expired back-off
+// entries (the kubelet's housekeeping does both).
 func (s *Syncer) RemovePod(ctx context.Context, uid types.UID) error {
 	return s.removePod(ctx, uid)
 }

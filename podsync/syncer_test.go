@@ -550,12 +550,16 @@ func TestHTTPGetHook(t *testing.T) {
 
 func TestRemovePod(t *testing.T) {
 	e := newEnv(t)
-	pod := newPod()
-	require.NoError(t, e.sync(pod).Error())
+	pod := newPod(func(p *corev1.Pod) {
+		p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "bad", Image: "nowhere:1", ImagePullPolicy: corev1.PullIfNotPresent})
+	})
+	require.Error(t, e.sync(pod).Error())
+	assert.Equal(t, "ErrImagePull", reasonOf(statusOf(t, e.status(pod).ContainerStatuses, "bad")))
 	require.NoError(t, e.syncer.KillPod(context.Background(), pod, nil, nil).Error())
 	require.NoError(t, e.syncer.RemovePod(context.Background(), pod.UID))
 	assert.Empty(t, e.rt.Sandboxes())
 	assert.Empty(t, e.rt.Containers())
+	assert.Equal(t, "ContainerCreating", reasonOf(statusOf(t, e.status(pod).ContainerStatuses, "bad")), "recorded failures are forgotten")
 }
 
 func TestSyncPodRejectsInvalidPod(t *testing.T) {
@@ -588,4 +592,27 @@ func TestSyncPodActiveDeadlineKills(t *testing.T) {
 	s := e.status(pod)
 	assert.Equal(t, corev1.PodFailed, s.Phase)
 	assert.Equal(t, "DeadlineExceeded", s.Reason)
+}
+
+func TestSyncPodPrunesOldInitAttempts(t *testing.T) {
+	e := newEnv(t)
+	pod := newPod(func(p *corev1.Pod) {
+		p.Spec.InitContainers = []corev1.Container{{Name: "i1", Image: "busybox:1.36", ImagePullPolicy: corev1.PullIfNotPresent}}
+	})
+	require.NoError(t, e.sync(pod).Error())
+	first := e.running("i1").Id
+	e.exit("i1", 1)
+	e.clk.Step(time.Second)
+	require.NoError(t, e.sync(pod).Error()) // restarted at once (first failure)
+	second := e.running("i1").Id
+	e.exit("i1", 1)
+	e.clk.Step(time.Minute)
+	require.NoError(t, e.sync(pod).Error()) // third attempt; the first is pruned
+	var ids []string
+	for _, c := range e.rt.Containers() {
+		ids = append(ids, c.Id)
+	}
+	assert.NotContains(t, ids, first, "older exited attempts are removed")
+	assert.Contains(t, ids, second, "the newest exited attempt is kept")
+	assert.Len(t, ids, 2)
 }

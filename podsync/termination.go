@@ -2,7 +2,9 @@ package podsync
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
@@ -27,11 +29,57 @@ type FileReader interface {
 	ReadFile(path string) ([]byte, error)
 }
 
-// OSFiles is a FileReader over os.ReadFile.
+// TailReader is optional on a FileReader: ReadTail returns at most the last
+// limit bytes of a file, so a long container log is not read whole. OSFiles has it.
+type TailReader interface {
+	ReadTail(path string, limit int64) ([]byte, error)
+}
+
+// logTailWindow bounds how much of a container log is read for the fallback
+// message: far more than 80 lines of 2 KiB of text need, unless lines are
+// enormous, in which case the last 2 KiB lie inside it anyway.
+const logTailWindow = 256 << 10
+
+// OSFiles is a FileReader over the node's filesystem.
 type OSFiles struct{}
 
 // ReadFile calls os.ReadFile.
 func (OSFiles) ReadFile(path string) ([]byte, error) { return os.ReadFile(path) }
+
+// ReadTail reads the last limit bytes of path (the whole file when shorter).
+func (OSFiles) ReadTail(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	off := st.Size() - limit
+	if off < 0 {
+		off = 0
+	}
+	buf := make([]byte, st.Size()-off)
+	n, err := f.ReadAt(buf, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	return buf[:n], nil
+}
+
+// readTail reads the last limit bytes through files, with ReadTail when it can.
+func readTail(files FileReader, path string, limit int64) ([]byte, error) {
+	if t, ok := files.(TailReader); ok {
+		return t.ReadTail(path, limit)
+	}
+	data, err := files.ReadFile(path)
+	if err == nil && int64(len(data)) > limit {
+		data = data[int64(len(data))-limit:]
+	}
+	return data, err
+}
 
 // TerminationMessage returns the termination message of an exited container as
 // the kubelet finds it: the last 4096 bytes of the host file mounted at the
@@ -49,15 +97,12 @@ func TerminationMessage(c *runtimeapi.ContainerStatus, files FileReader) string 
 			if m.GetContainerPath() != path {
 				continue
 			}
-			data, err := files.ReadFile(m.GetHostPath())
+			data, err := readTail(files, m.GetHostPath(), MaxTerminationMessageLength)
 			switch {
 			case err != nil && os.IsNotExist(err):
 			case err != nil:
 				return fmt.Sprintf("Error on reading termination log %s: %v", m.GetHostPath(), err)
 			default:
-				if len(data) > MaxTerminationMessageLength {
-					data = data[len(data)-MaxTerminationMessageLength:]
-				}
 				msg = string(data)
 				checkLogs = fallback && len(data) == 0
 			}
@@ -67,9 +112,15 @@ func TerminationMessage(c *runtimeapi.ContainerStatus, files FileReader) string 
 	if !checkLogs || c.GetLogPath() == "" {
 		return msg
 	}
-	data, err := files.ReadFile(c.GetLogPath())
+	data, err := readTail(files, c.GetLogPath(), logTailWindow)
 	if err != nil {
 		return fmt.Sprintf("Error on reading termination message from logs: %v", err)
+	}
+	if int64(len(data)) == logTailWindow {
+		// The window may start mid-line: drop that partial first line.
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			data = data[i+1:]
+		}
 	}
 	return lastLogText(data)
 }
