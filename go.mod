@@ -3,6 +3,7 @@ module github.com/nodekit-dev/nodekit
 go 1.26.0
 
 require (
+	github.com/cyphar/filepath-securejoin v0.7.0
 	github.com/distribution/reference v0.6.0
 	github.com/fsnotify/fsnotify v1.9.0
 	github.com/go-logr/logr v1.4.3

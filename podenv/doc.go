@@ -33,6 +33,8 @@
 //     is not set defaults to the node's allocatable (Config.NodeAllocatable), as
 //     the kubelet's defaultPodLimitsForDownwardAPI does. CPU rounds up to the
 //     divisor, memory and ephemeral storage too.
+//   - fileKeyRef (EnvFiles) reads KEY='value' lines from a file in one of the
+//     pod's volumes, found through Config.VolumePath.
 //   - A missing configMap or secret is an error (`configmap "x" not found`)
 //     unless the reference is optional; a missing key is an error
 //     (`couldn't find key k in ConfigMap ns/x`) unless optional, in which case

@@ -40,6 +40,10 @@ type Config struct {
 	// variables every container gets. Default "default" (the kubelet's
 	// --master-service-namespace, deprecated but still honoured).
 	MasterServiceNamespace string
+	// VolumePath returns the host folder of one of the pod's volumes, for
+	// fileKeyRef (volume.Manager.VolumePath fits). Nil: fileKeyRef references
+	// fail with the kubelet's "cannot find the volume" message.
+	VolumePath func(pod *corev1.Pod, volumeName string) (string, error)
 }
 
 // Errors. Env's errors wrap one of these (errors.Is), and their messages are the

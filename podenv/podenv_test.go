@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -340,12 +342,16 @@ func TestEnvResourceFieldRefOfAnotherContainer(t *testing.T) {
 	pod := testPod("prod", false, corev1.Container{Name: "app", Env: []corev1.EnvVar{
 		{Name: "SIDE_MEM", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "side", Resource: "limits.memory", Divisor: q("1Mi")}}},
 		{Name: "INIT_CPU", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "init", Resource: "requests.cpu", Divisor: q("1m")}}},
+		// The kubelet defaults the limits of app containers only: a named init
+		// container's unset limit reads 0.
+		{Name: "INIT_MEM_LIMIT", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "init", Resource: "limits.memory"}}},
+		{Name: "OWN_MEM_LIMIT", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.memory", Divisor: q("1Mi")}}},
 	}})
 	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "side"})
 	pod.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{"cpu": q("100m")}}}}
 	got, err := b.Env(context.Background(), pod, &pod.Spec.Containers[0], nil, nil)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"SIDE_MEM=1024", "INIT_CPU=100"}, flat(got))
+	assert.Equal(t, []string{"SIDE_MEM=1024", "INIT_CPU=100", "INIT_MEM_LIMIT=0", "OWN_MEM_LIMIT=1024"}, flat(got))
 }
 
 func TestEnvLocalServiceNamedKubernetesWinsWithLinks(t *testing.T) {
@@ -508,4 +514,63 @@ func ExampleBuilder_Env() {
 	// LOG_LEVEL=debug
 	// API=https://10.96.0.1:443
 	// 11 variables
+}
+
+func TestEnvFileKeyRef(t *testing.T) {
+	vol := t.TempDir()
+	outside := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(vol, "config.env"), []byte("TOKEN='s3cret'\nEMPTY=''\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(vol, "bad.env"), []byte("TOKEN=unquoted\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(outside, "config.env"), []byte("TOKEN='from outside'\n"), 0o644))
+	require.NoError(t, os.Symlink(outside+"/config.env", filepath.Join(vol, "escape.env")))
+	volumePath := func(pod *corev1.Pod, name string) (string, error) {
+		if name != "env" {
+			return "", errors.New("not set up")
+		}
+		return vol, nil
+	}
+	ref := func(volume, path, key string, optional bool) corev1.EnvVar {
+		return corev1.EnvVar{Name: "V", ValueFrom: &corev1.EnvVarSource{FileKeyRef: &corev1.FileKeySelector{
+			VolumeName: volume, Path: path, Key: key, Optional: ptr.To(optional)}}}
+	}
+	for _, tc := range []struct {
+		name    string
+		ev      corev1.EnvVar
+		noPaths bool
+		want    []string
+		err     string
+		is      error
+	}{
+		{name: "value", ev: ref("env", "config.env", "TOKEN", false), want: []string{"V=s3cret"}},
+		// The absolute link is resolved inside the volume, where nothing is: the
+		// file outside is never read.
+		{name: "symlinks resolve inside the volume", ev: ref("env", "escape.env", "TOKEN", true), err: "couldn't parse env file", is: podenv.ErrInvalidFieldRef},
+		{name: "dot-dot stays inside", ev: ref("env", "../../../../config.env", "TOKEN", false), want: []string{"V=s3cret"}},
+		{name: "optional empty value", ev: ref("env", "config.env", "EMPTY", true), want: []string{}},
+		{name: "empty value", ev: ref("env", "config.env", "EMPTY", false), err: `environment variable key "EMPTY" not found in file "` + vol + `/config.env"`, is: podenv.ErrMissingKey},
+		{name: "missing key", ev: ref("env", "config.env", "NOPE", false), err: `environment variable key "NOPE" not found in file "` + vol + `/config.env"`, is: podenv.ErrMissingKey},
+		{name: "bad file", ev: ref("env", "bad.env", "TOKEN", false), err: "couldn't parse env file", is: podenv.ErrInvalidFieldRef},
+		{name: "missing file", ev: ref("env", "absent.env", "TOKEN", true), err: "couldn't parse env file", is: podenv.ErrInvalidFieldRef},
+		{name: "unknown volume", ev: ref("other", "config.env", "TOKEN", false), err: `cannot find the volume "other" referenced by FileKeyRef: not set up`, is: podenv.ErrInvalidFieldRef},
+		{name: "no VolumePath", ev: ref("env", "config.env", "TOKEN", false), noPaths: true, err: `cannot find the volume "env" referenced by FileKeyRef`, is: podenv.ErrInvalidFieldRef},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := podenv.Config{Source: podenvtest.New(), VolumePath: volumePath}
+			if tc.noPaths {
+				cfg.VolumePath = nil
+			}
+			b, err := podenv.New(cfg)
+			require.NoError(t, err)
+			pod := testPod("prod", false, corev1.Container{Env: []corev1.EnvVar{tc.ev}})
+			got, err := b.Env(context.Background(), pod, &pod.Spec.Containers[0], nil, nil)
+			if tc.err != "" {
+				require.Error(t, err)
+				assert.Equal(t, tc.err, err.Error())
+				assert.ErrorIs(t, err, tc.is)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, append([]string{}, flat(got)...))
+		})
+	}
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	securejoin "github.com/cyphar/filepath-securejoin"
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -99,15 +101,21 @@ func (r *resolver) valueFrom(src *corev1.EnvVarSource, c *corev1.Container, podI
 		}
 		return v, false, nil
 	case src.ResourceFieldRef != nil:
-		target := c
-		if src.ResourceFieldRef.ContainerName != "" {
-			found, err := downward.FindContainer(r.pod, src.ResourceFieldRef.ContainerName)
+		// The kubelet defaults the limits of the pod's app containers and of the
+		// container itself, then looks the named container up in that pod: a
+		// named init container keeps its own (possibly unset) limits.
+		target := downward.DefaultLimits(r.pod, c, r.b.cfg.NodeAllocatable)
+		if name := src.ResourceFieldRef.ContainerName; name != "" {
+			found, init, err := downward.FindContainer(r.pod, name)
 			if err != nil {
 				return "", false, &fieldError{err}
 			}
 			target = found
+			if !init {
+				target = downward.DefaultLimits(r.pod, found, r.b.cfg.NodeAllocatable)
+			}
 		}
-		v, err := downward.ResourceValue(src.ResourceFieldRef, downward.DefaultLimits(r.pod, target, r.b.cfg.NodeAllocatable))
+		v, err := downward.ResourceValue(src.ResourceFieldRef, target)
 		if err != nil {
 			return "", false, &fieldError{err}
 		}
@@ -149,9 +157,7 @@ func (r *resolver) valueFrom(src *corev1.EnvVarSource, c *corev1.Container, podI
 		}
 		return string(v), false, nil
 	case src.FileKeyRef != nil:
-		// The EnvFiles feature reads a file out of one of the pod's volumes;
-		// nodekit does not support it yet, and says so rather than inventing a value.
-		return "", false, &fieldError{fmt.Errorf("fileKeyRef (volume %q) is not supported", src.FileKeyRef.VolumeName)}
+		return r.fileKey(src.FileKeyRef)
 	}
 	// An empty valueFrom: the kubelet sets the variable to "".
 	return "", false, nil
@@ -198,3 +204,44 @@ func fieldValue(fs *corev1.ObjectFieldSelector, pod *corev1.Pod, podIPs, hostIPs
 	}
 	return downward.Metadata(pod, path)
 }
+
+// fileKey reads a fileKeyRef (the EnvFiles feature, on by default since
+// v1.35): the file at path inside one of the pod's volumes, resolved as if the
+// volume were the root (securejoin, as upstream), parsed strictly. A key that is
+// missing or empty is an error unless optional.
+func (r *resolver) fileKey(ref *corev1.FileKeySelector) (string, bool, error) {
+	optional := ref.Optional != nil && *ref.Optional
+	if r.b.cfg.VolumePath == nil {
+		return "", false, &fieldError{fmt.Errorf("cannot find the volume %q referenced by FileKeyRef", ref.VolumeName)}
+	}
+	dir, err := r.b.cfg.VolumePath(r.pod, ref.VolumeName)
+	if err != nil {
+		return "", false, &fieldError{fmt.Errorf("cannot find the volume %q referenced by FileKeyRef: %w", ref.VolumeName, err)}
+	}
+	path, err := securejoin.SecureJoin(dir, ref.Path)
+	if err != nil {
+		return "", false, &fieldError{err}
+	}
+	v, err := envFileValue(path, ref.Key)
+	if err != nil {
+		logr.FromContextOrDiscard(r.ctx).Error(err, "Failed to parse env file", "pod", r.pod.Namespace+"/"+r.pod.Name)
+		// The pod is told no more than the kubelet tells it.
+		return "", false, &fieldError{&hiddenError{msg: "couldn't parse env file", err: err}}
+	}
+	if v == "" {
+		if optional {
+			return "", true, nil
+		}
+		return "", false, &keyError{fmt.Sprintf("environment variable key %q not found in file %q", ref.Key, path)}
+	}
+	return v, false, nil
+}
+
+// hiddenError shows a fixed message and keeps the cause for errors.Is/As and logs.
+type hiddenError struct {
+	msg string
+	err error
+}
+
+func (e *hiddenError) Error() string { return e.msg }
+func (e *hiddenError) Unwrap() error { return e.err }

@@ -256,3 +256,22 @@ func (m *Manager) subPath(pod *corev1.Pod, containerName string, index int, volN
 	}
 	return target, nil
 }
+
+// VolumePath returns the host folder of the pod's volume name as Setup made it
+// (the host path itself for hostPath), for podenv's fileKeyRef. The volume must
+// be set up.
+func (m *Manager) VolumePath(pod *corev1.Pod, name string) (string, error) {
+	if pod == nil {
+		return "", fmt.Errorf("%w: nil pod", ErrInvalidPod)
+	}
+	if err := checkUID(pod.UID); err != nil {
+		return "", err
+	}
+	for i := range pod.Spec.Volumes {
+		if pod.Spec.Volumes[i].Name == name {
+			p, _, _, err := m.hostPath(pod, &pod.Spec.Volumes[i])
+			return p, err
+		}
+	}
+	return "", fmt.Errorf("%w: pod %s/%s has no volume %q", ErrInvalidPod, pod.Namespace, pod.Name, name)
+}

@@ -332,12 +332,14 @@ func (m *Manager) downwardPayload(pod *corev1.Pod, items []corev1.DownwardAPIVol
 			}
 			f.data = []byte(v)
 		case it.ResourceFieldRef != nil:
-			c, err := downward.FindContainer(pod, it.ResourceFieldRef.ContainerName)
+			c, _, err := downward.FindContainer(pod, it.ResourceFieldRef.ContainerName)
 			if err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			v, err := downward.ResourceValue(it.ResourceFieldRef, downward.DefaultLimits(pod, c, m.cfg.NodeAllocatable))
+			// Node allocatable only: the volume plugin does not look at
+			// pod-level limits (v1.37.2 downwardapi.CollectData).
+			v, err := downward.ResourceValue(it.ResourceFieldRef, downward.DefaultLimits(nil, c, m.cfg.NodeAllocatable))
 			if err != nil {
 				errs = append(errs, err)
 				continue

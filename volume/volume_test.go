@@ -568,9 +568,20 @@ func TestMounts(t *testing.T) {
 		assert.ErrorIs(t, err, tc.is)
 	}
 
+	p, err := m.VolumePath(pod, "scratch")
+	require.NoError(t, err)
+	assert.Equal(t, e.dir("empty-dir", "scratch"), p)
+	p, err = m.VolumePath(pod, "host")
+	require.NoError(t, err)
+	assert.Equal(t, host, p)
+	_, err = m.VolumePath(pod, "ghost")
+	assert.ErrorIs(t, err, volume.ErrInvalidPod)
+
 	notYet := newPod(cmVol("later", "settings"))
 	notYet.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "later", MountPath: "/later"}}
 	_, err = m.Mounts(notYet, &notYet.Spec.Containers[0])
+	assert.ErrorIs(t, err, volume.ErrNotSetUp)
+	_, err = m.VolumePath(notYet, "later")
 	assert.ErrorIs(t, err, volume.ErrNotSetUp)
 }
 

@@ -7,7 +7,6 @@ package downward
 import (
 	"fmt"
 	"math"
-	"math/big"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,9 +19,7 @@ import (
 // Expand replaces $(NAME) in s with lookup(NAME) when lookup knows the name, as
 // the kubelet's forked expansion package does: $$ is a literal $, an unknown
 // $(NAME) and an unclosed $( stay as written, and a $ followed by anything else
-// is kept with that character. Unlike upstream, which turns the byte after a
-// lone $ into a rune and so mangles a multi-byte character there, bytes are
-// copied unchanged.
+// is kept with that character.
 func Expand(s string, lookup func(name string) (string, bool)) string {
 	if !strings.Contains(s, "$") {
 		return s
@@ -203,93 +200,59 @@ func DefaultLimits(pod *corev1.Pod, c *corev1.Container, allocatable corev1.Reso
 	return out
 }
 
-// FindContainer finds a container or init container of pod by name.
-func FindContainer(pod *corev1.Pod, name string) (*corev1.Container, error) {
+// FindContainer finds a container, then an init container, of pod by name;
+// init says which it was.
+func FindContainer(pod *corev1.Pod, name string) (c *corev1.Container, init bool, err error) {
 	for i := range pod.Spec.Containers {
 		if pod.Spec.Containers[i].Name == name {
-			return &pod.Spec.Containers[i], nil
+			return &pod.Spec.Containers[i], false, nil
 		}
 	}
 	for i := range pod.Spec.InitContainers {
 		if pod.Spec.InitContainers[i].Name == name {
-			return &pod.Spec.InitContainers[i], nil
+			return &pod.Spec.InitContainers[i], true, nil
 		}
 	}
-	return nil, fmt.Errorf("container %s not found", name)
+	return nil, false, fmt.Errorf("container %s not found", name)
 }
 
 // ResourceValue reads a resourceFieldRef of container c, which must already
-// carry its defaulted limits, as upstream's ExtractContainerResourceValue: the
-// ceiling of value / divisor (divisor default 1), "0" for a zero or negative
-// value or divisor, saturating at the int64 maximum.
+// carry its defaulted limits, as v1.37.2's ExtractContainerResourceValue: the
+// ceiling of value / divisor (divisor default 1) computed in float64, on
+// millicores for CPU and on whole units (each rounded up) for memory,
+// ephemeral storage and hugepages.
 func ResourceValue(fs *corev1.ResourceFieldSelector, c *corev1.Container) (string, error) {
 	divisor := fs.Divisor
 	if divisor.Cmp(resource.Quantity{}) == 0 {
 		divisor = resource.MustParse("1")
 	}
-	var q resource.Quantity
 	switch {
 	case fs.Resource == "limits.cpu":
-		q = *c.Resources.Limits.Cpu()
+		return cpuRatio(c.Resources.Limits.Cpu(), divisor), nil
 	case fs.Resource == "limits.memory":
-		q = *c.Resources.Limits.Memory()
+		return unitRatio(c.Resources.Limits.Memory(), divisor), nil
 	case fs.Resource == "limits.ephemeral-storage":
-		q = *c.Resources.Limits.StorageEphemeral()
+		return unitRatio(c.Resources.Limits.StorageEphemeral(), divisor), nil
 	case fs.Resource == "requests.cpu":
-		q = *c.Resources.Requests.Cpu()
+		return cpuRatio(c.Resources.Requests.Cpu(), divisor), nil
 	case fs.Resource == "requests.memory":
-		q = *c.Resources.Requests.Memory()
+		return unitRatio(c.Resources.Requests.Memory(), divisor), nil
 	case fs.Resource == "requests.ephemeral-storage":
-		q = *c.Resources.Requests.StorageEphemeral()
+		return unitRatio(c.Resources.Requests.StorageEphemeral(), divisor), nil
 	case strings.HasPrefix(fs.Resource, "requests."+corev1.ResourceHugePagesPrefix):
-		q = *c.Resources.Requests.Name(corev1.ResourceName(strings.TrimPrefix(fs.Resource, "requests.")), resource.BinarySI)
+		return unitRatio(c.Resources.Requests.Name(corev1.ResourceName(strings.TrimPrefix(fs.Resource, "requests.")), resource.BinarySI), divisor), nil
 	case strings.HasPrefix(fs.Resource, "limits."+corev1.ResourceHugePagesPrefix):
-		q = *c.Resources.Limits.Name(corev1.ResourceName(strings.TrimPrefix(fs.Resource, "limits.")), resource.BinarySI)
-	default:
-		return "", fmt.Errorf("unsupported container resource : %v", fs.Resource)
+		return unitRatio(c.Resources.Limits.Name(corev1.ResourceName(strings.TrimPrefix(fs.Resource, "limits.")), resource.BinarySI), divisor), nil
 	}
-	return ceilRatio(q, divisor), nil
+	return "", fmt.Errorf("unsupported container resource : %v", fs.Resource)
 }
 
-// maxDigits is how many decimal digits math.MaxInt64 has.
-const maxDigits = 19
-
-// ceilRatio is ceil(q / d) in exact decimal arithmetic.
-func ceilRatio(q, d resource.Quantity) string {
-	if q.Sign() <= 0 || d.Sign() <= 0 {
-		return "0"
-	}
-	qd, dd := q.AsDec(), d.AsDec()
-	qn, dn := new(big.Int).Set(qd.UnscaledBig()), new(big.Int).Set(dd.UnscaledBig())
-	qs, ds := int64(qd.Scale()), int64(dd.Scale())
-	// Compare magnitudes before aligning scales, so 1e1000000 never becomes a
-	// million-digit integer. digits-scale brackets the power of ten within one.
-	qLo, qHi := magnitude(qn, qs)
-	dLo, dHi := magnitude(dn, ds)
-	if qLo-dHi > maxDigits {
-		return strconv.FormatInt(math.MaxInt64, 10)
-	}
-	if dLo-qHi > 1 {
-		return "1"
-	}
-	if diff := ds - qs; diff > 0 {
-		qn.Mul(qn, new(big.Int).Exp(big.NewInt(10), big.NewInt(diff), nil))
-	} else if diff < 0 {
-		dn.Mul(dn, new(big.Int).Exp(big.NewInt(10), big.NewInt(-diff), nil))
-	}
-	res, rem := new(big.Int).QuoRem(qn, dn, new(big.Int))
-	if rem.Sign() > 0 {
-		res.Add(res, big.NewInt(1))
-	}
-	if !res.IsInt64() {
-		return strconv.FormatInt(math.MaxInt64, 10)
-	}
-	return res.String()
+// cpuRatio and unitRatio keep upstream's float64 arithmetic on purpose: its
+// rounding (a 1m divisor of memory counts as 1 byte) is what pods see.
+func cpuRatio(q *resource.Quantity, divisor resource.Quantity) string {
+	return strconv.FormatInt(int64(math.Ceil(float64(q.MilliValue())/float64(divisor.MilliValue()))), 10)
 }
 
-// magnitude brackets log10(n / 10^scale) from n's bit length, with a digit of slack.
-func magnitude(n *big.Int, scale int64) (lo, hi int64) {
-	const log10of2 = 0.30102999566398120
-	bits := int64(n.BitLen())
-	return int64(float64(bits-1)*log10of2) - scale, int64(float64(bits)*log10of2) + 2 - scale
+func unitRatio(q *resource.Quantity, divisor resource.Quantity) string {
+	return strconv.FormatInt(int64(math.Ceil(float64(q.Value())/float64(divisor.Value()))), 10)
 }

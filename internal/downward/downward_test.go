@@ -127,13 +127,19 @@ func TestResourceValue(t *testing.T) {
 	assert.EqualError(t, err, "unsupported container resource : limits.nvidia.com/gpu")
 }
 
-func TestCeilRatioExtremes(t *testing.T) {
+func TestResourceValueRounding(t *testing.T) {
 	q := resource.MustParse
-	assert.Equal(t, "9223372036854775807", ceilRatio(q("1e100"), q("1")))
-	assert.Equal(t, "1", ceilRatio(q("1m"), q("1e30")))
-	assert.Equal(t, "0", ceilRatio(q("-1"), q("1")))
-	assert.Equal(t, "3", ceilRatio(q("2.5"), q("1")))
-	assert.Equal(t, "1000000000", ceilRatio(q("1"), q("1n")))
+	c := &corev1.Container{Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"memory": q("2Ki"), "cpu": q("2.5")}}}
+	for _, tc := range []struct{ res, divisor, want string }{
+		{"limits.memory", "1m", "2048"}, // upstream rounds the divisor up to 1 byte
+		{"limits.cpu", "1", "3"},
+		{"limits.cpu", "1n", "2500"}, // 1n is 1m once rounded up to millicores
+		{"limits.memory", "3", "683"},
+	} {
+		got, err := ResourceValue(&corev1.ResourceFieldSelector{Resource: tc.res, Divisor: q(tc.divisor)}, c)
+		assert.NoError(t, err)
+		assert.Equal(t, tc.want, got, "%s / %s", tc.res, tc.divisor)
+	}
 }
 
 func TestDefaultLimitsPodLevel(t *testing.T) {
