@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -311,8 +312,14 @@ func TestKubeletNode(t *testing.T) {
 		assert.Regexp(t, `containerd://1\.6\.20\S*$`, row)
 
 		// The heartbeat Lease, and /healthz and /metrics on the node's loopback.
-		l, err := n.admin.CoordinationV1().Leases("kube-node-lease").Get(context.Background(), n.name, metav1.GetOptions{})
-		require.NoError(t, err)
+		var l *coordinationv1.Lease
+		eventually(t, 20*time.Second, "the node's Lease", func() (bool, string) {
+			got, err := n.admin.CoordinationV1().Leases("kube-node-lease").Get(context.Background(), n.name, metav1.GetOptions{})
+			l = got
+			return err == nil, fmt.Sprint(err)
+		})
+		require.Len(t, l.OwnerReferences, 1)
+		assert.Equal(t, "Node", l.OwnerReferences[0].Kind)
 		assert.Equal(t, n.name, *l.Spec.HolderIdentity)
 		assert.Equal(t, int32(8), *l.Spec.LeaseDurationSeconds)
 		hc := n.env.Node.HTTPClient(5 * time.Second)
@@ -436,6 +443,34 @@ func TestKubeletNode(t *testing.T) {
 		crash, err = n.admin.CoreV1().Pods("default").Get(context.Background(), "crash", metav1.GetOptions{})
 		require.NoError(t, err)
 		assert.GreaterOrEqual(t, crash.Status.ContainerStatuses[0].RestartCount, crashRestarts, "restart count not reset")
+	})
+
+	t.Run("containerd restarted: the kubelet reconnects and carries on", func(t *testing.T) {
+		n.ctd.Kill()
+		n.ctd.Restart(t)
+		st, err := n.runtime.ContainerStatus(context.Background(), runningContainerID)
+		require.NoError(t, err)
+		assert.Equal(t, runtimeapi.ContainerState_CONTAINER_RUNNING, st.GetState())
+		n.createPod(t, busyboxPod("after-containerd", image, corev1.RestartPolicyAlways, "sleep 3600"))
+		n.waitPod(t, "after-containerd", 60*time.Second, "Running and Ready", func(p *corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodRunning && podReady(p)
+		})
+		assert.Len(t, n.runtimeContainers(t, runningUID), 1, "the old pod was left alone")
+	})
+
+	t.Run("API server down: pods keep running; status catches up", func(t *testing.T) {
+		cp.StopAPIServer(t)
+		time.Sleep(5 * time.Second)
+		st, err := n.runtime.ContainerStatus(context.Background(), runningContainerID)
+		require.NoError(t, err)
+		assert.Equal(t, runtimeapi.ContainerState_CONTAINER_RUNNING, st.GetState())
+		cp.StartAPIServer(t)
+		n.waitReady(t, corev1.ConditionTrue, 60*time.Second)
+		web := n.waitPod(t, "web", 30*time.Second, "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+		assert.Equal(t, "containerd://"+runningContainerID, web.Status.ContainerStatuses[0].ContainerID)
+		// A pod created once the API server is back runs: the informer resumed.
+		n.createPod(t, busyboxPod("after-apiserver", image, corev1.RestartPolicyAlways, "sleep 3600"))
+		n.waitPod(t, "after-apiserver", 60*time.Second, "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 	})
 }
 

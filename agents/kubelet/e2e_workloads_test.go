@@ -112,6 +112,13 @@ func TestKubeletWorkloads(t *testing.T) {
 		ev := n.events(t, "live")
 		assert.True(t, hasEvent(ev, "Unhealthy", "Liveness probe failed"), "events: %+v", ev)
 		assert.True(t, hasEvent(ev, "Killing", "failed liveness probe, will be restarted"), "events: %+v", ev)
+		metrics := httpGet(t, n.env.Node.HTTPClient(5*time.Second), "http://127.0.0.1:10248/metrics")
+		assert.Regexp(t, `prober_probe_total\{container="main",namespace="default",pod="live",pod_uid="[^"]+",probe_type="Liveness",result="failed"\} [1-9]`, metrics)
+		assert.Regexp(t, `kubelet_running_pods [1-9]`, metrics)
+		assert.Regexp(t, `kubelet_running_containers\{container_state="running"\} [1-9]`, metrics)
+		assert.Contains(t, metrics, "kubelet_pod_start_duration_seconds_count")
+		assert.Contains(t, metrics, `kubelet_pod_worker_duration_seconds_count{operation_type="create"}`)
+		assert.Contains(t, metrics, `kubelet_runtime_operations_total{operation_type="run_podsandbox"}`)
 	})
 
 	t.Run("readiness gates the pod's EndpointSlice entry", func(t *testing.T) {
