@@ -69,9 +69,8 @@ type podManager struct {
 	events  *eventAdapter
 	hostIPs []string
 
-	mu      sync.Mutex
-	pods    map[types.UID]*podEntry
-	started bool
+	mu   sync.Mutex
+	pods map[types.UID]*podEntry
 	// fingerprints of the last relist, per pod UID.
 	fingerprints map[types.UID]string
 	// apiSynced: the API pod informer has listed once; staticLoaded: the static pod
