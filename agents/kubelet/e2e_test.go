@@ -46,7 +46,13 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	kubeletBin = filepath.Join(dir, "kubelet")
-	if out, err := exec.Command("go", "build", "-o", kubeletBin, ".").CombinedOutput(); err != nil {
+	args := []string{"build", "-o", kubeletBin}
+	// NODEKIT_KUBELET_RACE=1 builds the agent with the race detector; the tests then
+	// fail on any "WARNING: DATA RACE" in its log.
+	if os.Getenv("NODEKIT_KUBELET_RACE") == "1" {
+		args = append(args, "-race")
+	}
+	if out, err := exec.Command("go", append(args, ".")...).CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build the kubelet: %v\n%s", err, out)
 		os.RemoveAll(dir)
 		os.Exit(1)
@@ -118,6 +124,9 @@ func startNode(t *testing.T, cp *controlplane.ControlPlane, name string, cni boo
 			n.kubelet.Stop(10 * time.Second)
 			if t.Failed() {
 				t.Logf("--- kubelet log tail ---\n%s", n.kubelet.Tail(6000))
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, "kubelet.log")); err == nil && strings.Contains(string(b), "WARNING: DATA RACE") {
+				t.Errorf("the kubelet reported a data race:\n%s", b[strings.Index(string(b), "WARNING: DATA RACE"):])
 			}
 			// NODEKIT_KUBELET_LOGDIR keeps the whole kubelet log for debugging.
 			if d := os.Getenv("NODEKIT_KUBELET_LOGDIR"); d != "" {
