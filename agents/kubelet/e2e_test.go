@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -99,7 +100,14 @@ func startNode(t *testing.T, cp *controlplane.ControlPlane, name string, cni boo
 	fwd := n.env.Node.Forward(t, strings.TrimPrefix(cp.URL(), "https://"))
 	dir, err := os.MkdirTemp("", "nk-kubelet-")
 	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		// Pods left on the node keep their tmpfs volumes (projected, secret) mounted
+		// under the root dir; detach them, deepest first, before removing it.
+		unmountUnder(t, dir)
+		if err := os.RemoveAll(dir); err != nil {
+			t.Errorf("remove %s: %v", dir, err)
+		}
+	})
 	n.dir = dir
 	cp.WriteNodeKubeconfig(t, filepath.Join(dir, "kubeconfig"), name, "https://"+fwd)
 	cfg := nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\n", filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"))
@@ -543,4 +551,24 @@ func TestKubeletNodeNotReadyWithoutCNI(t *testing.T) {
 	events := kubectl(t, cp, "get", "events", "--field-selector", "involvedObject.name=nk-nocni", "-o", "custom-columns=REASON:.reason", "--no-headers")
 	assert.Contains(t, events, "NodeNotReady")
 	assert.Contains(t, events, "NodeReady")
+}
+
+func unmountUnder(t *testing.T, dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var mounts []string
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			mounts = append(mounts, f[4])
+		}
+	}
+	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i]) > len(mounts[j]) })
+	for _, m := range mounts {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+			t.Logf("unmount %s: %v", m, err)
+		}
+	}
 }
