@@ -87,7 +87,7 @@ clusterDNS: [10.96.0.10]
 syncFrequency: 10s
 `
 
-func startNode(t *testing.T, cp *controlplane.ControlPlane, name string, cni bool) *testNode {
+func startNode(t testing.TB, cp *controlplane.ControlPlane, name string, cni bool) *testNode {
 	t.Helper()
 	testenv.RequireRoot(t)
 	n := &testNode{name: name, cp: cp, admin: cp.AdminClient()}
@@ -155,7 +155,7 @@ func verbosity() string {
 	return "2"
 }
 
-func (n *testNode) startKubelet(t *testing.T) {
+func (n *testNode) startKubelet(t testing.TB) {
 	t.Helper()
 	p, err := testenv.StartProcess("kubelet", filepath.Join(n.dir, "kubelet.log"), nil, testenv.LookPath(t, "nsenter"), n.args...)
 	require.NoError(t, err)
@@ -166,13 +166,13 @@ func (n *testNode) stopKubelet() {
 	n.kubelet.Stop(10 * time.Second)
 }
 
-func (n *testNode) log(t *testing.T) string {
+func (n *testNode) log(t testing.TB) string {
 	b, err := os.ReadFile(filepath.Join(n.dir, "kubelet.log"))
 	require.NoError(t, err)
 	return string(b)
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, check func() (bool, string)) {
+func eventually(t testing.TB, timeout time.Duration, what string, check func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	last := ""
@@ -198,7 +198,7 @@ func nodeCondition(node *corev1.Node, t corev1.NodeConditionType) corev1.NodeCon
 	return corev1.NodeCondition{}
 }
 
-func (n *testNode) waitReady(t *testing.T, status corev1.ConditionStatus, timeout time.Duration) *corev1.Node {
+func (n *testNode) waitReady(t testing.TB, status corev1.ConditionStatus, timeout time.Duration) *corev1.Node {
 	t.Helper()
 	var node *corev1.Node
 	eventually(t, timeout, fmt.Sprintf("node %s Ready=%s", n.name, status), func() (bool, string) {
@@ -213,7 +213,7 @@ func (n *testNode) waitReady(t *testing.T, status corev1.ConditionStatus, timeou
 	return node
 }
 
-func kubectl(t *testing.T, cp *controlplane.ControlPlane, args ...string) string {
+func kubectl(t testing.TB, cp *controlplane.ControlPlane, args ...string) string {
 	t.Helper()
 	bin := testenv.PeerBinary(t, "kubectl")
 	out, err := exec.Command(bin, append([]string{"--kubeconfig", cp.AdminKubeconfig()}, args...)...).CombinedOutput()
@@ -221,7 +221,7 @@ func kubectl(t *testing.T, cp *controlplane.ControlPlane, args ...string) string
 	return string(out)
 }
 
-func hostOSImage(t *testing.T) string {
+func hostOSImage(t testing.TB) string {
 	b, err := os.ReadFile("/etc/os-release")
 	require.NoError(t, err)
 	for line := range strings.Lines(string(b)) {
@@ -232,7 +232,7 @@ func hostOSImage(t *testing.T) string {
 	return "Linux"
 }
 
-func kernelRelease(t *testing.T) string {
+func kernelRelease(t testing.TB) string {
 	var u unix.Utsname
 	require.NoError(t, unix.Uname(&u))
 	return unix.ByteSliceToString(u.Release[:])
@@ -253,7 +253,7 @@ func busyboxPod(name, image string, restart corev1.RestartPolicy, script string)
 	}
 }
 
-func (n *testNode) createPod(t *testing.T, pod *corev1.Pod) *corev1.Pod {
+func (n *testNode) createPod(t testing.TB, pod *corev1.Pod) *corev1.Pod {
 	t.Helper()
 	pod.Spec.NodeName = n.name
 	got, err := n.admin.CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{})
@@ -261,7 +261,7 @@ func (n *testNode) createPod(t *testing.T, pod *corev1.Pod) *corev1.Pod {
 	return got
 }
 
-func (n *testNode) waitPod(t *testing.T, name string, timeout time.Duration, what string, ok func(*corev1.Pod) bool) *corev1.Pod {
+func (n *testNode) waitPod(t testing.TB, name string, timeout time.Duration, what string, ok func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
 	eventually(t, timeout, "pod "+name+" "+what, func() (bool, string) {
@@ -285,7 +285,7 @@ func podReady(p *corev1.Pod) bool {
 }
 
 // runtimeContainers lists the runtime's containers of a pod, as crictl ps -a would.
-func (n *testNode) runtimeContainers(t *testing.T, uid types.UID) []*runtimeapi.Container {
+func (n *testNode) runtimeContainers(t testing.TB, uid types.UID) []*runtimeapi.Container {
 	t.Helper()
 	cs, err := n.runtime.ListContainers(context.Background(), &runtimeapi.ContainerFilter{
 		LabelSelector: map[string]string{cri.LabelPodUID: string(uid)},
@@ -491,7 +491,7 @@ func TestKubeletNode(t *testing.T) {
 	})
 }
 
-func httpGet(t *testing.T, c interface {
+func httpGet(t testing.TB, c interface {
 	Get(string) (*http.Response, error)
 }, url string) string {
 	t.Helper()
@@ -553,7 +553,7 @@ func TestKubeletNodeNotReadyWithoutCNI(t *testing.T) {
 	assert.Contains(t, events, "NodeReady")
 }
 
-func unmountUnder(t *testing.T, dir string) {
+func unmountUnder(t testing.TB, dir string) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return
