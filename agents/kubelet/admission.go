@@ -51,6 +51,11 @@ func podRequests(pod *corev1.Pod, r corev1.ResourceName) int64 {
 // admitted, as the kubelet's predicate admit handler does. A rejection carries the
 // kubelet's reason (OutOfcpu, OutOfmemory, OutOfpods, ...) and message.
 func (m *podManager) admit(pod *corev1.Pod) (reason, message string, ok bool) {
+	// A pod already running here was admitted before this kubelet (re)started: it
+	// stays, whatever order the pods come back in.
+	if pod.Status.Phase == corev1.PodRunning {
+		return "", "", true
+	}
 	alloc := m.cfg.node.allocatable()
 	m.mu.Lock()
 	var others []*corev1.Pod

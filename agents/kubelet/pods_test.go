@@ -153,6 +153,12 @@ func TestAdmission(t *testing.T) {
 	assert.Equal(t, "OutOfpods", reason)
 	assert.Equal(t, "Node didn't have enough resource: pods, requested: 1, used: 2, capacity: 2", msg)
 
+	// A pod already running (a restarted kubelet finding it) is kept.
+	running := podWith("already-running", "8", "")
+	running.Status.Phase = corev1.PodRunning
+	_, _, ok = m.admit(running)
+	assert.True(t, ok, "a running pod is not rejected after a kubelet restart")
+
 	// Finished pods free their share.
 	m.pods["uid-second"].pod.Status.Phase = corev1.PodSucceeded
 	_, _, ok = m.admit(podWith("third", "", ""))
