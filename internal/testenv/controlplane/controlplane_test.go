@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -11,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/nodekit-dev/nodekit/internal/testenv/controlplane"
@@ -70,19 +70,17 @@ func TestControllerManagerMarksSilentNodeUnknown(t *testing.T) {
 	client := cp.NodeClient("silent")
 	_, err := client.CoordinationV1().Leases("kube-node-lease").Create(ctx, lease("silent"), metav1.CreateOptions{})
 	require.NoError(t, err)
-	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		node, err := client.CoreV1().Nodes().Get(ctx, "silent", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		now := metav1.Now()
-		node.Status.Conditions = []corev1.NodeCondition{{
-			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-			Message: "kubelet is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now,
-		}}
-		_, err = client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
-		return err
-	}))
+	// A status patch, not Get+UpdateStatus: the node lifecycle controller may add the
+	// not-ready taint in between, and NodeRestriction refuses a node's write that would
+	// drop a taint it did not see.
+	now := metav1.Now()
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		Message: "kubelet is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now,
+	}}}})
+	require.NoError(t, err)
+	_, err = client.CoreV1().Nodes().PatchStatus(ctx, "silent", patch)
+	require.NoError(t, err)
 	silentSince := time.Now()
 
 	var ready *corev1.NodeCondition
