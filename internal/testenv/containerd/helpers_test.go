@@ -8,21 +8,6 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-func TestUnescapeMountPath(t *testing.T) {
-	tests := map[string]string{
-		`/tmp/nkctd-1/state`:       "/tmp/nkctd-1/state",
-		`/tmp/with\040space/x`:     "/tmp/with space/x",
-		`/tmp/tab\011and\134slash`: "/tmp/tab\tand\\slash",
-		`/tmp/trailing\04`:         `/tmp/trailing\04`,
-		`/tmp/not-octal\999/ok`:    `/tmp/not-octal\999/ok`,
-	}
-	for in, want := range tests {
-		t.Run(in, func(t *testing.T) {
-			assert.Equal(t, want, unescapeMountPath(in))
-		})
-	}
-}
-
 func TestOverlaps(t *testing.T) {
 	cidr := func(s string) *net.IPNet {
 		_, n, err := net.ParseCIDR(s)

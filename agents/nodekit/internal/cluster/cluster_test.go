@@ -62,11 +62,6 @@ func TestProcessAlive(t *testing.T) {
 	assert.False(t, Process{}.Alive())
 }
 
-func TestUnescapeMountPath(t *testing.T) {
-	assert.Equal(t, "/tmp/a b\tc", unescape(`/tmp/a\040b\011c`))
-	assert.Equal(t, "/plain", unescape("/plain"))
-}
-
 // TestForwardThroughNSDialer forwards to an HTTP server through a dialer that entered
 // this process's own namespace (the path a real run gives is the control plane's).
 func TestForwardThroughNSDialer(t *testing.T) {
