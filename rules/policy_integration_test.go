@@ -27,7 +27,11 @@ var (
 // Local with real packets, through the nftables writer.
 func TestNFTablesTrafficPolicyLocal(t *testing.T) {
 	e := newNFTEnv(t, 3, rules.NFTablesConfig{Table: "nodekit"})
-	testTrafficPolicyLocal(t, e, func(ctx context.Context, st *rules.State) error { return e.sync(ctx, st) })
+	testTrafficPolicyLocal(t, e, func(ctx context.Context, st *rules.State) error { return e.sync(ctx, st) },
+		func(ctx context.Context, st *rules.State) (d []rules.Drift, err error) {
+			err = e.Node.Do(func() error { d, err = e.w.Drift(ctx, st); return err })
+			return d, err
+		})
 }
 
 // TestIPTablesTrafficPolicyLocal: the same through both iptables backends.
@@ -50,6 +54,9 @@ func TestIPTablesTrafficPolicyLocal(t *testing.T) {
 			}))
 			testTrafficPolicyLocal(t, &nftEnv{Env: env}, func(ctx context.Context, st *rules.State) error {
 				return env.Node.Do(func() error { return w.Sync(ctx, st) })
+			}, func(ctx context.Context, st *rules.State) (d []rules.Drift, err error) {
+				err = env.Node.Do(func() error { d, err = w.Drift(ctx, st); return err })
+				return d, err
 			})
 		})
 	}
@@ -57,15 +64,24 @@ func TestIPTablesTrafficPolicyLocal(t *testing.T) {
 
 // testTrafficPolicyLocal plays a node holding pod-0 of a service whose other
 // endpoints (pod-1, pod-2) count as on other nodes: the rules only see the lists.
-func testTrafficPolicyLocal(t *testing.T, e *nftEnv, sync func(context.Context, *rules.State) error) {
+func testTrafficPolicyLocal(t *testing.T, e *nftEnv, sync func(context.Context, *rules.State) error,
+	drift func(context.Context, *rules.State) ([]rules.Drift, error)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	ext := rules.Service{Namespace: "default", Name: "ext-local", Protocol: rules.TCP, ClusterIP: extLocalVIP, Port: 80,
-		NodePort: 30090, Endpoints: e.endpoints(0, 1, 2), ExternalLocal: true, LocalEndpoints: e.endpoints(0)}
+		NodePort: 30090, ExternalIPs: []netip.Addr{netip.MustParseAddr("203.0.113.20")},
+		Endpoints: e.endpoints(0, 1, 2), ExternalLocal: true, LocalEndpoints: e.endpoints(0)}
 	in := rules.Service{Namespace: "default", Name: "int-local", Protocol: rules.TCP, ClusterIP: intLocalVIP, Port: 80,
 		InternalLocal: true, LocalEndpoints: e.endpoints(0, 1)}
 	st := &rules.State{Services: []rules.Service{ext, in}}
 	require.NoError(t, sync(ctx, st))
+	noDrift := func(t *testing.T) {
+		t.Helper()
+		d, err := drift(ctx, st)
+		require.NoError(t, err)
+		assert.Empty(t, d, "read-back of Local policies matches the state")
+	}
+	noDrift(t)
 	nodePort := net.JoinHostPort(e.NodeIP.String(), "30090")
 
 	t.Run("NodePort from outside reaches only the local endpoint and keeps the client address", func(t *testing.T) {
@@ -99,6 +115,7 @@ func testTrafficPolicyLocal(t *testing.T, e *nftEnv, sync func(context.Context, 
 	st.Services[1].LocalEndpoints = nil
 	st.Services[1].NoEndpoints = rules.Drop // endpoints exist on other nodes
 	require.NoError(t, sync(ctx, st))
+	noDrift(t)
 
 	t.Run("no local endpoint: external traffic is dropped, not rejected", func(t *testing.T) {
 		requireDropped(ctx, t, e.Client, nodePort)
