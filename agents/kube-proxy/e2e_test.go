@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 
 	"github.com/nodekit-dev/nodekit/internal/testenv"
 	"github.com/nodekit-dev/nodekit/internal/testenv/controlplane"
@@ -501,8 +502,14 @@ func testTrafficPolicyLocal(t *testing.T, c *cluster) {
 	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	svc, err := c.client.CoreV1().Services(c.ns).Update(context.Background(), svc, metav1.UpdateOptions{})
 	require.NoError(t, err)
+	itp := c.service("itp", "etp", corev1.ServiceTypeClusterIP, corev1.ProtocolTCP, 80)
+	itp.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+	itp, err = c.client.CoreV1().Services(c.ns).Update(context.Background(), itp, metav1.UpdateOptions{})
+	require.NoError(t, err)
 	c.waitSlice("etp", pods[0].IP.String(), pods[1].IP.String())
+	c.waitSlice("itp", pods[0].IP.String(), pods[1].IP.String())
 	nodePort := net.JoinHostPort(c.env.NodeIP.String(), strconv.Itoa(int(svc.Spec.Ports[0].NodePort)))
+	itpVIP := net.JoinHostPort(itp.Spec.ClusterIP, "80")
 
 	hc := c.env.Client.HTTPClient(2 * time.Second)
 	defer hc.CloseIdleConnections()
@@ -519,6 +526,12 @@ func testTrafficPolicyLocal(t *testing.T, c *cluster) {
 	got := served(pods[3].Namespace, nodePort, 40, 2*time.Second)
 	assert.Zero(t, got[""], "pod traffic to the NodePort: %v", got)
 	assert.Len(t, got, 2, "pod traffic is short-circuited to every endpoint: %v", got)
+	require.Eventually(t, func() bool {
+		pod, _, err := netns.Get(context.Background(), pods[3].HTTPClient(time.Second), itpVIP)
+		return err == nil && pod == pods[0].Name
+	}, 30*time.Second, 50*time.Millisecond, "the internalTrafficPolicy Local ClusterIP never served")
+	got = served(pods[3].Namespace, itpVIP, 30, 2*time.Second)
+	assert.Equal(t, map[string]int{pods[0].Name: 30}, got, "internalTrafficPolicy Local: a pod reaches only the local endpoint")
 
 	require.NoError(t, c.client.CoreV1().Pods(c.ns).Delete(context.Background(), "etp-local", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
 	c.waitSlice("etp", pods[1].IP.String())
@@ -547,6 +560,28 @@ func testTrafficPolicyLocal(t *testing.T, c *cluster) {
 	}
 	got = served(pods[3].Namespace, nodePort, 10, 2*time.Second)
 	assert.Equal(t, map[string]int{pods[1].Name: 10}, got, "pods still reach the remote endpoint")
+	c.waitSlice("itp", pods[1].IP.String())
+	dialITP := func() (time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		t0 := time.Now()
+		conn, err := pods[3].Dial(ctx, "tcp", itpVIP)
+		if conn != nil {
+			conn.Close()
+		}
+		return time.Since(t0), err
+	}
+	require.Eventually(t, func() bool {
+		_, err := dialITP()
+		return err != nil && !errors.Is(err, syscall.ECONNREFUSED)
+	}, 30*time.Second, 50*time.Millisecond, "internalTrafficPolicy Local traffic is never dropped with no local endpoint")
+	for range 2 {
+		took, err := dialITP()
+		require.Error(t, err, "internalTrafficPolicy Local with no local endpoint connected")
+		assert.False(t, errors.Is(err, syscall.ECONNREFUSED), "internalTrafficPolicy Local, no local endpoint: want dropped, got %v", err)
+		assert.GreaterOrEqual(t, took, 900*time.Millisecond, "dropped, so no answer: %v after %v", err, took)
+	}
+	require.NoError(t, c.client.CoreV1().Services(c.ns).Delete(context.Background(), "itp", metav1.DeleteOptions{}))
 	require.NoError(t, c.client.CoreV1().Services(c.ns).Delete(context.Background(), "etp", metav1.DeleteOptions{}))
 	require.NoError(t, c.client.CoreV1().Pods(c.ns).Delete(context.Background(), "etp-remote", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
 }
