@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/go-logr/logr"
 	"github.com/vishvananda/netlink"
@@ -56,7 +57,7 @@ func newStaleUDPFilter(st *State) *staleUDPFilter {
 			continue
 		}
 		eps := map[netip.AddrPort]bool{}
-		for _, ep := range s.Endpoints {
+		for _, ep := range slices.Concat(s.Endpoints, s.LocalEndpoints) {
 			eps[netip.AddrPortFrom(ep.IP, uint16(ep.Port))] = true
 		}
 		for _, ip := range append([]netip.Addr{s.ClusterIP}, append(s.ExternalIPs, s.LoadBalancerIPs...)...) {

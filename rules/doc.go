@@ -10,6 +10,16 @@
 // the caller: ready, else serving and terminating), ClientIP session affinity, and
 // what to do with new connections when there is no endpoint (Reject, the default, or
 // Drop). The package does not import the agents' service cache: they convert.
+//
+// # Traffic policies
+//
+// Service.InternalLocal and Service.ExternalLocal are internalTrafficPolicy and
+// externalTrafficPolicy Local: that traffic goes to Service.LocalEndpoints only
+// (chains local-HASH-... in nftables, KUBE-SVL-... in iptables), and external traffic
+// so handled keeps the client's address, except that pods (the cluster CIDR) and the
+// node itself are short-circuited to the Cluster endpoints, as kube-proxy does. A
+// Local policy with no local endpoint while the port has endpoints elsewhere drops
+// that traffic ("has no local endpoints").
 // State.Validate rejects what cannot be written, naming the service port at fault;
 // every error wraps ErrInvalidState, ErrInvalidConfig or ErrApplyFailed.
 //

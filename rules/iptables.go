@@ -256,62 +256,114 @@ func (w *IPTables) compile(st *State) (*iptPlan, error) {
 		for _, ip := range s.LoadBalancerIPs {
 			externalDests = append(externalDests, iptDest{ip, "loadbalancer IP"})
 		}
-		if len(s.Endpoints) == 0 {
-			target := "REJECT"
-			if s.NoEndpoints == Drop {
-				target = "DROP"
+		pol := s.policy()
+		target := func(a NoEndpointsAction) (string, string) {
+			if !pol.hasEndpoints {
+				if a == Drop {
+					return "DROP", quoteComment(name + " has no endpoints")
+				}
+				return "REJECT", quoteComment(name + " has no endpoints")
 			}
-			c := quoteComment(name + " has no endpoints")
-			p.filterTop[services] = append(p.filterTop[services], fmt.Sprintf("-m comment --comment %s %s -j %s", c, match(s.ClusterIP), target))
+			return "DROP", quoteComment(name + " has no local endpoints")
+		}
+		if pol.internalVerdict != "" {
+			t, c := target(pol.internalVerdict)
+			p.filterTop[services] = append(p.filterTop[services], fmt.Sprintf("-m comment --comment %s %s -j %s", c, match(s.ClusterIP), t))
+		}
+		if pol.externalVerdict != "" {
+			t, c := target(pol.externalVerdict)
 			for _, d := range externalDests {
-				p.filterTop[external] = append(p.filterTop[external], fmt.Sprintf("-m comment --comment %s %s -j %s", c, match(d.ip), target))
+				p.filterTop[external] = append(p.filterTop[external], fmt.Sprintf("-m comment --comment %s %s -j %s", c, match(d.ip), t))
 			}
 			if s.NodePort != 0 {
 				p.filterTop[external] = append(p.filterTop[external],
-					fmt.Sprintf("-m comment --comment %s -m addrtype --dst-type LOCAL -m %s -p %s --dport %d -j %s", c, proto, proto, s.NodePort, target))
+					fmt.Sprintf("-m comment --comment %s -m addrtype --dst-type LOCAL -m %s -p %s --dport %d -j %s", c, proto, proto, s.NodePort, t))
 			}
+		}
+		if !pol.hasEndpoints {
 			continue
 		}
-		p.natTop[services] = append(p.natTop[services],
-			fmt.Sprintf("-m comment --comment %s %s -j %s", quoteComment(name+" cluster IP"), match(s.ClusterIP), svcChain))
-		for _, d := range externalDests {
+		localChain := w.chain("SVL-" + hash)
+		internalChain, externalPolicyChain := svcChain, svcChain
+		if s.InternalLocal {
+			internalChain = localChain
+		}
+		if s.ExternalLocal {
+			externalPolicyChain = localChain
+		}
+		if pol.internalVerdict == "" {
 			p.natTop[services] = append(p.natTop[services],
-				fmt.Sprintf("-m comment --comment %s %s -j %s", quoteComment(name+" "+d.what), match(d.ip), extChain))
+				fmt.Sprintf("-m comment --comment %s %s -j %s", quoteComment(name+" cluster IP"), match(s.ClusterIP), internalChain))
 		}
-		if s.NodePort != 0 {
-			p.natTop[nodePorts] = append(p.natTop[nodePorts],
-				fmt.Sprintf("-m comment --comment %s -m %s -p %s --dport %d -j %s", quoteComment(name), proto, proto, s.NodePort, extChain))
-		}
-		if len(externalDests) > 0 || s.NodePort != 0 {
-			p.svc[extChain] = []string{
-				fmt.Sprintf("-m comment --comment %s -j %s", quoteComment("masquerade traffic for "+name+" external destinations"), markMasq),
-				"-j " + svcChain,
+		if s.externallyAccessible() {
+			for _, d := range externalDests {
+				p.natTop[services] = append(p.natTop[services],
+					fmt.Sprintf("-m comment --comment %s %s -j %s", quoteComment(name+" "+d.what), match(d.ip), extChain))
 			}
-		}
-		var rules []string
-		switch {
-		case w.cfg.MasqueradeAll:
-			rules = append(rules, fmt.Sprintf("-m comment --comment %s %s -j %s", quoteComment(name+" cluster IP"), match(s.ClusterIP), markMasq))
-		case w.cfg.ClusterCIDR.IsValid():
-			rules = append(rules, fmt.Sprintf("-m comment --comment %s %s ! -s %s -j %s", quoteComment(name+" cluster IP"), match(s.ClusterIP), w.cfg.ClusterCIDR.Masked(), markMasq))
+			if s.NodePort != 0 {
+				p.natTop[nodePorts] = append(p.natTop[nodePorts],
+					fmt.Sprintf("-m comment --comment %s -m %s -p %s --dport %d -j %s", quoteComment(name), proto, proto, s.NodePort, extChain))
+			}
+			var ext []string
+			switch {
+			case !s.ExternalLocal:
+				ext = append(ext, fmt.Sprintf("-m comment --comment %s -j %s", quoteComment("masquerade traffic for "+name+" external destinations"), markMasq))
+			case pol.usesCluster:
+				// Local policy keeps the client's address; pods and the node itself
+				// go to the Cluster endpoints (the node's traffic masqueraded).
+				if w.cfg.ClusterCIDR.IsValid() {
+					ext = append(ext, fmt.Sprintf("-m comment --comment %s -s %s -j %s",
+						quoteComment("pod traffic for "+name+" external destinations"), w.cfg.ClusterCIDR.Masked(), svcChain))
+				}
+				ext = append(ext,
+					fmt.Sprintf("-m comment --comment %s -m addrtype --src-type LOCAL -j %s", quoteComment("masquerade LOCAL traffic for "+name+" external destinations"), markMasq),
+					fmt.Sprintf("-m comment --comment %s -m addrtype --src-type LOCAL -j %s", quoteComment("route LOCAL traffic for "+name+" external destinations"), svcChain))
+			}
+			if pol.externalVerdict == "" {
+				ext = append(ext, "-j "+externalPolicyChain)
+			}
+			p.svc[extChain] = ext
 		}
 		affinity := int(s.AffinityTimeout / time.Second)
-		if affinity > 0 {
-			for _, ep := range s.Endpoints {
+		policyChain := func(eps []Endpoint, masq bool) []string {
+			var rules []string
+			if masq {
+				switch {
+				case w.cfg.MasqueradeAll:
+					rules = append(rules, fmt.Sprintf("-m comment --comment %s %s -j %s", quoteComment(name+" cluster IP"), match(s.ClusterIP), markMasq))
+				case w.cfg.ClusterCIDR.IsValid():
+					rules = append(rules, fmt.Sprintf("-m comment --comment %s %s ! -s %s -j %s", quoteComment(name+" cluster IP"), match(s.ClusterIP), w.cfg.ClusterCIDR.Masked(), markMasq))
+				}
+			}
+			if affinity > 0 {
+				for _, ep := range eps {
+					sep := w.chain("SEP-" + iptablesHash(name, proto, ep.String()))
+					rules = append(rules, fmt.Sprintf("-m comment --comment %s -m recent --name %s --rcheck --seconds %d --reap -j %s",
+						quoteComment(name+" -> "+ep.String()), sep, affinity, sep))
+				}
+			}
+			n := len(eps)
+			for i, ep := range eps {
 				sep := w.chain("SEP-" + iptablesHash(name, proto, ep.String()))
-				rules = append(rules, fmt.Sprintf("-m comment --comment %s -m recent --name %s --rcheck --seconds %d --reap -j %s",
-					quoteComment(name+" -> "+ep.String()), sep, affinity, sep))
+				c := quoteComment(name + " -> " + ep.String())
+				if i < n-1 {
+					rules = append(rules, fmt.Sprintf("-m comment --comment %s -m statistic --mode random --probability %0.10f -j %s", c, 1.0/float64(n-i), sep))
+				} else {
+					rules = append(rules, fmt.Sprintf("-m comment --comment %s -j %s", c, sep))
+				}
 			}
+			return rules
 		}
-		n := len(s.Endpoints)
-		for i, ep := range s.Endpoints {
+		if pol.usesCluster {
+			p.svc[svcChain] = policyChain(s.Endpoints, true)
+		}
+		if pol.usesLocal {
+			// Upstream masquerades off-cluster ClusterIP traffic in the chain the
+			// cluster IP jumps to; with internalTrafficPolicy Local that is this one.
+			p.svc[localChain] = policyChain(s.LocalEndpoints, s.InternalLocal)
+		}
+		for _, ep := range pol.all {
 			sep := w.chain("SEP-" + iptablesHash(name, proto, ep.String()))
-			c := quoteComment(name + " -> " + ep.String())
-			if i < n-1 {
-				rules = append(rules, fmt.Sprintf("-m comment --comment %s -m statistic --mode random --probability %0.10f -j %s", c, 1.0/float64(n-i), sep))
-			} else {
-				rules = append(rules, fmt.Sprintf("-m comment --comment %s -j %s", c, sep))
-			}
 			recent := ""
 			if affinity > 0 {
 				recent = fmt.Sprintf("-m recent --name %s --set ", sep)
@@ -321,7 +373,6 @@ func (w *IPTables) compile(st *State) (*iptPlan, error) {
 				fmt.Sprintf("-m comment --comment %s %s-m %s -p %s -j DNAT --to-destination %s", quoteComment(name), recent, proto, proto, ep),
 			}
 		}
-		p.svc[svcChain] = rules
 	}
 	p.natTop[services] = append(p.natTop[services],
 		fmt.Sprintf(`-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j %s`, nodePorts))

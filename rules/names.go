@@ -10,6 +10,7 @@ import (
 const (
 	nftServicePrefix  = "service-"
 	nftExternalPrefix = "external-"
+	nftLocalPrefix    = "local-"
 	nftEndpointPrefix = "endpoint-"
 	nftAffinityPrefix = "affinity-"
 	// nftNameMax is nftables' limit on object names; kube-proxy keeps 16 for the

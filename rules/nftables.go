@@ -376,7 +376,8 @@ func serviceSame(a, b *Service) bool {
 	return a.Namespace == b.Namespace && a.Name == b.Name && a.PortName == b.PortName && a.Protocol == b.Protocol &&
 		a.ClusterIP == b.ClusterIP && a.Port == b.Port && a.NodePort == b.NodePort &&
 		slices.Equal(a.ExternalIPs, b.ExternalIPs) && slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) &&
-		slices.Equal(a.Endpoints, b.Endpoints) && a.AffinityTimeout == b.AffinityTimeout && a.NoEndpoints == b.NoEndpoints
+		slices.Equal(a.Endpoints, b.Endpoints) && a.AffinityTimeout == b.AffinityTimeout && a.NoEndpoints == b.NoEndpoints &&
+		a.InternalLocal == b.InternalLocal && a.ExternalLocal == b.ExternalLocal && slices.Equal(a.LocalEndpoints, b.LocalEndpoints)
 }
 
 // elementKey identifies an element within its container.
@@ -425,6 +426,7 @@ func (w *NFTables) compileService(s *Service) *svcRules {
 	r.svc.ExternalIPs = slices.Clone(s.ExternalIPs)
 	r.svc.LoadBalancerIPs = slices.Clone(s.LoadBalancerIPs)
 	r.svc.Endpoints = slices.Clone(s.Endpoints)
+	r.svc.LocalEndpoints = slices.Clone(s.LocalEndpoints)
 	byName := map[string]*svcChain{}
 	addChain := func(name string, rules ...string) *svcChain {
 		c, ok := byName[name]
@@ -446,53 +448,105 @@ func (w *NFTables) compileService(s *Service) *svcRules {
 	comment := s.PortNameString()
 	external := slices.Concat(s.ExternalIPs, s.LoadBalancerIPs)
 	addElem(&knftables.Element{Set: setClusterIPs, Key: []string{s.ClusterIP.String()}})
-
-	if len(s.Endpoints) == 0 {
-		verdict := "goto " + chainReject
-		if s.NoEndpoints == Drop {
-			verdict = "drop"
+	pol := s.policy()
+	verdict := func(a NoEndpointsAction) string {
+		if a == Drop {
+			return "drop"
 		}
-		for _, ip := range append([]netip.Addr{s.ClusterIP}, external...) {
+		return "goto " + chainReject
+	}
+
+	// No usable endpoint for a kind of traffic: the filter table rejects it (no
+	// endpoints at all) or drops it (a Local policy with none on this node).
+	if pol.internalVerdict != "" {
+		addElem(&knftables.Element{Map: mapNoEndpointServices, Key: []string{s.ClusterIP.String(), proto, port},
+			Value: []string{verdict(pol.internalVerdict)}, Comment: &comment})
+	}
+	if pol.externalVerdict != "" {
+		for _, ip := range external {
 			addElem(&knftables.Element{Map: mapNoEndpointServices, Key: []string{ip.String(), proto, port},
-				Value: []string{verdict}, Comment: &comment})
+				Value: []string{verdict(pol.externalVerdict)}, Comment: &comment})
 		}
 		if s.NodePort != 0 {
 			addElem(&knftables.Element{Map: mapNoEndpointNodePorts, Key: []string{proto, strconv.Itoa(s.NodePort)},
-				Value: []string{verdict}, Comment: &comment})
+				Value: []string{verdict(pol.externalVerdict)}, Comment: &comment})
 		}
+	}
+	if !pol.hasEndpoints {
 		return r
 	}
 
-	if s.AffinityTimeout == 0 {
-		dnats := make([]string, 0, len(s.Endpoints))
-		for _, ep := range s.Endpoints {
-			dnats = append(dnats, "dnat to "+ep.String())
+	// The policy chains: service-... for the Cluster endpoints, local-... for this
+	// node's, each choosing one endpoint of its list.
+	localChain := nftLocalPrefix + base
+	writePolicyChain := func(name string, eps []Endpoint) {
+		if s.AffinityTimeout == 0 {
+			dnats := make([]string, 0, len(eps))
+			for _, ep := range eps {
+				dnats = append(dnats, "dnat to "+ep.String())
+			}
+			addChain(name, pickRules("meta l4proto "+proto, dnats)...)
+			return
 		}
-		addChain(svcChain, pickRules("meta l4proto "+proto, dnats)...)
-	} else {
 		var jumps, gotos []string
-		for _, ep := range s.Endpoints {
+		for _, ep := range eps {
 			epBase := nftEndpointBase(s, ep)
-			epChain, set := nftEndpointPrefix+epBase, nftAffinityPrefix+epBase
-			r.affinity[set] = s.AffinityTimeout
-			jumps = append(jumps, fmt.Sprintf("ip saddr @%s goto %s", set, epChain))
-			gotos = append(gotos, "goto "+epChain)
+			jumps = append(jumps, fmt.Sprintf("ip saddr @%s goto %s", nftAffinityPrefix+epBase, nftEndpointPrefix+epBase))
+			gotos = append(gotos, "goto "+nftEndpointPrefix+epBase)
 		}
-		c := addChain(svcChain, jumps...)
+		c := addChain(name, jumps...)
 		c.sig = s.AffinityTimeout.String()
-		addChain(svcChain, pickRules("", gotos)...)
-		for _, ep := range s.Endpoints {
+		addChain(name, pickRules("", gotos)...)
+	}
+	if pol.usesCluster {
+		writePolicyChain(svcChain, s.Endpoints)
+	}
+	if pol.usesLocal {
+		writePolicyChain(localChain, s.LocalEndpoints)
+	}
+	if s.AffinityTimeout > 0 {
+		// One endpoint chain and affinity set per endpoint, shared by both policy
+		// chains.
+		for _, ep := range pol.all {
 			epBase := nftEndpointBase(s, ep)
+			r.affinity[nftAffinityPrefix+epBase] = s.AffinityTimeout
 			c := addChain(nftEndpointPrefix+epBase,
 				fmt.Sprintf("update @%s { ip saddr }", nftAffinityPrefix+epBase),
 				fmt.Sprintf("meta l4proto %s dnat to %s", proto, ep))
 			c.sig = s.AffinityTimeout.String()
 		}
 	}
-	addElem(&knftables.Element{Map: mapServiceIPs, Key: []string{s.ClusterIP.String(), proto, port},
-		Value: []string{"goto " + svcChain}})
-	if len(external) > 0 || s.NodePort != 0 {
-		addChain(extChain, w.masqueradeRule()+` comment "masquerade"`, "goto "+svcChain)
+	internalChain, externalPolicyChain := svcChain, svcChain
+	if s.InternalLocal {
+		internalChain = localChain
+	}
+	if s.ExternalLocal {
+		externalPolicyChain = localChain
+	}
+	if pol.internalVerdict == "" {
+		addElem(&knftables.Element{Map: mapServiceIPs, Key: []string{s.ClusterIP.String(), proto, port},
+			Value: []string{"goto " + internalChain}})
+	}
+	if s.externallyAccessible() {
+		if !s.ExternalLocal {
+			addChain(extChain, w.masqueradeRule()+` comment "masquerade"`)
+		} else if pol.usesCluster {
+			// Local policy keeps the client's address. Pods (the cluster CIDR) and
+			// the node itself are not subject to it: they go to the Cluster
+			// endpoints, as if out through a load balancer and back in; the node's
+			// own traffic is masqueraded, as its source is the destination address.
+			if w.cfg.ClusterCIDR.IsValid() {
+				addChain(extChain, fmt.Sprintf(`ip saddr %s goto %s comment "short-circuit pod traffic"`, w.cfg.ClusterCIDR.Masked(), svcChain))
+			}
+			addChain(extChain,
+				`fib saddr type local `+w.masqueradeRule()+` comment "masquerade local traffic"`,
+				`fib saddr type local goto `+svcChain+` comment "short-circuit local traffic"`)
+		} else {
+			addChain(extChain)
+		}
+		if pol.externalVerdict == "" {
+			addChain(extChain, "goto "+externalPolicyChain)
+		}
 		for _, ip := range external {
 			addElem(&knftables.Element{Map: mapServiceIPs, Key: []string{ip.String(), proto, port},
 				Value: []string{"goto " + extChain}})
@@ -502,7 +556,7 @@ func (w *NFTables) compileService(s *Service) *svcRules {
 				Value: []string{"goto " + extChain}})
 		}
 	}
-	for _, ep := range s.Endpoints {
+	for _, ep := range pol.all {
 		addElem(&knftables.Element{Set: setHairpinConnections,
 			Key: []string{ep.IP.String(), ep.IP.String(), proto, strconv.Itoa(ep.Port)}})
 	}

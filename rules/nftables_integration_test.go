@@ -487,6 +487,14 @@ func equivalenceState() *rules.State {
 			ExternalIPs: []netip.Addr{addr("192.0.2.101")}},
 		{Namespace: "default", Name: "local", Protocol: rules.UDP, ClusterIP: addr("10.96.0.13"), Port: 5000, NodePort: 30083,
 			NoEndpoints: rules.Drop},
+		{Namespace: "default", Name: "ext-local", Protocol: rules.TCP, ClusterIP: addr("10.96.0.14"), Port: 80, NodePort: 30084,
+			LoadBalancerIPs: []netip.Addr{addr("203.0.113.8")}, ExternalLocal: true, AffinityTimeout: rules.DefaultAffinityTimeout,
+			Endpoints:      []rules.Endpoint{ep("10.244.1.10", 8080), ep("10.244.1.11", 8080)},
+			LocalEndpoints: []rules.Endpoint{ep("10.244.1.11", 8080)}},
+		{Namespace: "default", Name: "ext-local-none", Protocol: rules.TCP, ClusterIP: addr("10.96.0.15"), Port: 80, NodePort: 30085,
+			ExternalLocal: true, Endpoints: []rules.Endpoint{ep("10.244.1.12", 8080)}},
+		{Namespace: "default", Name: "int-local", Protocol: rules.TCP, ClusterIP: addr("10.96.0.16"), Port: 80,
+			InternalLocal: true, LocalEndpoints: []rules.Endpoint{ep("10.244.1.10", 8080)}},
 	}}
 }
 

@@ -329,3 +329,54 @@ func TestPickRules(t *testing.T) {
 		})
 	}
 }
+
+// TestLocalPolicyMatchesKubeProxy renders kube-proxy's own test service ns2/svc2
+// (externalTrafficPolicy Local, its only endpoint on another node) and checks the
+// lines kube-proxy's tests expect for it, in both writers. The nftables writer
+// marks for masquerade inline where kube-proxy jumps to mark-for-masquerade.
+func TestLocalPolicyMatchesKubeProxy(t *testing.T) {
+	st := &State{Services: []Service{{Namespace: "ns2", Name: "svc2", PortName: "p80", Protocol: TCP,
+		ClusterIP: ip("172.30.0.42"), Port: 80, NodePort: 3001, ExternalIPs: []netip.Addr{ip("192.168.99.22")},
+		LoadBalancerIPs: []netip.Addr{ip("1.2.3.4")}, ExternalLocal: true, Endpoints: []Endpoint{ep("10.180.0.2", 80)}}}}
+	cidr := netip.MustParsePrefix("10.0.0.0/8")
+	nft, err := RenderNFTables(NFTablesConfig{ClusterCIDR: cidr}, st)
+	require.NoError(t, err)
+	for _, line := range []string{
+		`add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 ip saddr 10.0.0.0/8 goto service-42NFTM6N-ns2/svc2/tcp/p80 comment "short-circuit pod traffic"`,
+		`add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 fib saddr type local mark set mark or 0x4000 comment "masquerade local traffic"`,
+		`add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 fib saddr type local goto service-42NFTM6N-ns2/svc2/tcp/p80 comment "short-circuit local traffic"`,
+		`add element ip kube-proxy service-ips { 172.30.0.42 . tcp . 80 : goto service-42NFTM6N-ns2/svc2/tcp/p80 }`,
+		`add element ip kube-proxy service-ips { 192.168.99.22 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }`,
+		`add element ip kube-proxy no-endpoint-services { 192.168.99.22 . tcp . 80 comment "ns2/svc2:p80" : drop }`,
+		`add element ip kube-proxy no-endpoint-nodeports { tcp . 3001 comment "ns2/svc2:p80" : drop }`,
+	} {
+		assert.Contains(t, nft, line+"\n")
+	}
+	assert.NotContains(t, nft, "goto local-", "no local endpoint: no local chain")
+
+	ipt, err := RenderIPTables(IPTablesConfig{ClusterCIDR: cidr}, st)
+	require.NoError(t, err)
+	for _, line := range []string{
+		`-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -m comment --comment "pod traffic for ns2/svc2:p80 external destinations" -s 10.0.0.0/8 -j KUBE-SVC-GNZBNJ2PO5MGZ6GT`,
+		`-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -m comment --comment "masquerade LOCAL traffic for ns2/svc2:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ`,
+		`-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -m comment --comment "route LOCAL traffic for ns2/svc2:p80 external destinations" -m addrtype --src-type LOCAL -j KUBE-SVC-GNZBNJ2PO5MGZ6GT`,
+		`-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns2/svc2:p80 has no local endpoints" -m tcp -p tcp -d 192.168.99.22 --dport 80 -j DROP`,
+		`-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns2/svc2:p80 has no local endpoints" -m tcp -p tcp -d 1.2.3.4 --dport 80 -j DROP`,
+		`-A KUBE-EXTERNAL-SERVICES -m comment --comment "ns2/svc2:p80 has no local endpoints" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 3001 -j DROP`,
+	} {
+		assert.Contains(t, ipt, line+"\n")
+	}
+	assert.NotContains(t, ipt, "KUBE-SVL-", "no local endpoint: no local chain")
+
+	// With a local endpoint the external chain ends in the local chain.
+	st.Services[0].LocalEndpoints = []Endpoint{ep("10.180.0.2", 80)}
+	nft, err = RenderNFTables(NFTablesConfig{ClusterCIDR: cidr}, st)
+	require.NoError(t, err)
+	assert.Contains(t, nft, "add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 goto local-42NFTM6N-ns2/svc2/tcp/p80\n")
+	assert.Contains(t, nft, "add rule ip kube-proxy local-42NFTM6N-ns2/svc2/tcp/p80 meta l4proto tcp dnat to 10.180.0.2:80\n")
+	assert.NotContains(t, nft, "add element ip kube-proxy no-endpoint")
+	ipt, err = RenderIPTables(IPTablesConfig{ClusterCIDR: cidr}, st)
+	require.NoError(t, err)
+	assert.Contains(t, ipt, "-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -j KUBE-SVL-GNZBNJ2PO5MGZ6GT\n")
+	assert.NotContains(t, ipt, "has no local endpoints")
+}

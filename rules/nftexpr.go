@@ -30,7 +30,7 @@ var errUnsupportedRule = errors.New("rule outside the grammar the netlink applie
 //	           | "mark" "and" HEX "!=" "0"
 //	           | "mark" "set" "mark" ("or" | "xor") HEX
 //	           | "numgen" "random" "mod" N N
-//	           | "fib" "daddr" "type" "local"
+//	           | "fib" ("daddr" | "saddr") "type" "local"
 //	           | "meta" "l4proto" PROTO
 //	           | sel ("." sel)* ("@" SET | "vmap" "@" MAP)
 //	           | ("ip saddr" | "ip daddr") ["!="] (ADDR | PREFIX | "{" PREFIX "}")
@@ -221,10 +221,14 @@ func (p *ruleParser) stmt() error {
 		p.emitConst(start, "", &expr.Numgen{Register: reg1, Modulus: uint32(mod), Type: unix.NFT_NG_RANDOM},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(uint32(value))})
 	case "fib":
-		if err := p.expect("daddr", "type", "local"); err != nil {
+		addr := p.next()
+		if addr != "daddr" && addr != "saddr" {
+			return fmt.Errorf("want \"daddr\" or \"saddr\", got %q", addr)
+		}
+		if err := p.expect("type", "local"); err != nil {
 			return err
 		}
-		p.emitConst(0, "fib daddr type local", &expr.Fib{Register: reg1, FlagDADDR: true, ResultADDRTYPE: true},
+		p.emitConst(0, "fib "+addr+" type local", &expr.Fib{Register: reg1, FlagDADDR: addr == "daddr", FlagSADDR: addr == "saddr", ResultADDRTYPE: true},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(rtnLocal)})
 	case "ip", "meta", "th":
 		p.i--

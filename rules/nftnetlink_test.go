@@ -254,6 +254,8 @@ func TestServiceSameSeesEveryField(t *testing.T) {
 				v.SetInt(v.Int() + 1)
 			case v.Kind() == reflect.Slice:
 				v.Set(reflect.Append(v, reflect.Zero(f.Type.Elem())))
+			case v.Kind() == reflect.Bool:
+				v.SetBool(!v.Bool())
 			default:
 				t.Fatalf("field %s of kind %s: teach this test (and serviceSame) about it", f.Name, v.Kind())
 			}

@@ -58,7 +58,7 @@ type chainReader func(ctx context.Context, chain string) (string, error)
 var (
 	reDNATOne = regexp.MustCompile(`dnat to (\d+\.\d+\.\d+\.\d+):(\d+)`)
 	reDNATMap = regexp.MustCompile(`(\d+) : (\d+\.\d+\.\d+\.\d+) \. (\d+)`)
-	reGoto    = regexp.MustCompile(`(?:goto|jump) (` + nftEndpointPrefix + `\S+)`)
+	reGoto    = regexp.MustCompile(`(?:goto|jump) ((?:` + nftEndpointPrefix + `|` + nftServicePrefix + `|` + nftLocalPrefix + `)\S+)`)
 )
 
 // ReadBack lists the service destinations the kernel table steers or refuses, with
@@ -168,33 +168,54 @@ func (w *NFTables) Drift(ctx context.Context, st *State) ([]Drift, error) {
 
 // diff compares what a backend read back with the desired state.
 func diff(kernel []KernelService, st *State) []Drift {
-	byDest := map[string]KernelService{}
+	// A destination may have two entries: a Local external policy with no local
+	// endpoint still sends pods and the node to the Cluster endpoints (dnat) and
+	// drops the rest.
+	byDest := map[string][]KernelService{}
 	for _, k := range kernel {
-		byDest[k.Dest] = k
+		byDest[k.Dest] = append(byDest[k.Dest], k)
 	}
 	var drift []Drift
 	claimed := map[string]bool{}
 	for i := range st.Services {
 		s := &st.Services[i]
 		name := s.PortNameString()
-		for _, ip := range slices.Concat([]netip.Addr{s.ClusterIP}, s.ExternalIPs, s.LoadBalancerIPs) {
+		pol := s.policy()
+		extWant := pol.external
+		if s.ExternalLocal && pol.usesCluster {
+			extWant = slices.Concat(s.Endpoints, pol.external)
+		}
+		for j, ip := range slices.Concat([]netip.Addr{s.ClusterIP}, s.ExternalIPs, s.LoadBalancerIPs) {
+			want := extWant
+			if j == 0 {
+				want = pol.internal
+			}
 			dest := fmt.Sprintf("%s . %s . %d", ip, s.Protocol.lower(), s.Port)
 			claimed[dest] = true
-			k, ok := byDest[dest]
+			ks, ok := byDest[dest]
+			var k KernelService
+			if ok {
+				k = ks[0]
+				for _, c := range ks {
+					if (c.Action == "dnat") == (len(want) > 0) {
+						k = c
+					}
+				}
+			}
 			switch {
 			case !ok:
 				drift = append(drift, Drift{MissingService, name, "no rule for " + dest})
-			case len(s.Endpoints) == 0 && k.Action == "dnat":
+			case len(want) == 0 && k.Action == "dnat":
 				drift = append(drift, Drift{WrongVerdict, name, fmt.Sprintf("%s has no endpoints but the kernel sends it to %v", dest, k.Endpoints)})
-			case len(s.Endpoints) > 0 && k.Action != "dnat":
+			case len(want) > 0 && k.Action != "dnat":
 				drift = append(drift, Drift{WrongVerdict, name, fmt.Sprintf("%s has endpoints but the kernel answers %q", dest, k.Verdict)})
 			default:
 				for _, e := range k.Endpoints {
-					if !slices.Contains(s.Endpoints, e) {
+					if !slices.Contains(want, e) {
 						drift = append(drift, Drift{StaleEndpoint, name, fmt.Sprintf("%s still goes to %s", dest, e)})
 					}
 				}
-				for _, e := range s.Endpoints {
+				for _, e := range want {
 					if !slices.Contains(k.Endpoints, e) {
 						drift = append(drift, Drift{MissingEndpoint, name, fmt.Sprintf("%s never reaches %s", dest, e)})
 					}

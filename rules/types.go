@@ -79,14 +79,31 @@ type Service struct {
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr
 
-	// Endpoints are the usable endpoints, already chosen by the caller (ready, else
-	// serving+terminating). Order matters only for the rendering: the payload lists
+	// Endpoints are the usable endpoints for the Cluster traffic policy, already
+	// chosen by the caller (ready, else serving+terminating; upstream's
+	// clusterEndpoints). Order matters only for the rendering: the payload lists
 	// endpoints in the order given.
 	Endpoints []Endpoint
 
+	// InternalLocal and ExternalLocal are internalTrafficPolicy: Local and
+	// externalTrafficPolicy: Local. Traffic to the cluster IP (internal) or to the
+	// node ports, external and load-balancer IPs (external) whose policy is Local
+	// goes to LocalEndpoints only; external traffic then keeps its source address,
+	// except that traffic from the cluster CIDR (pods) and from the node itself is
+	// short-circuited to Endpoints, as kube-proxy does. When a Local policy finds
+	// LocalEndpoints empty while the port has endpoints elsewhere, that traffic is
+	// dropped ("has no local endpoints").
+	InternalLocal, ExternalLocal bool
+	// LocalEndpoints are this node's usable endpoints (upstream's localEndpoints),
+	// used only by the traffic whose policy is Local.
+	LocalEndpoints []Endpoint
+
 	// AffinityTimeout > 0 turns on ClientIP session affinity with that timeout.
 	AffinityTimeout time.Duration
-	// NoEndpoints is the verdict when Endpoints is empty. Empty means Reject.
+	// NoEndpoints is the verdict when Endpoints and LocalEndpoints are both empty.
+	// Empty means Reject. A caller whose Local policy finds no local endpoint on a
+	// ClusterIP-only port with endpoints on other nodes (so Endpoints is empty too)
+	// sets Drop, as kube-proxy drops that traffic.
 	NoEndpoints NoEndpointsAction
 }
 
@@ -145,18 +162,26 @@ func (s *Service) Validate() error {
 			return fail("external or load-balancer IP %v is not a usable IPv4 address", ip)
 		}
 	}
-	seen := make(map[Endpoint]bool, len(s.Endpoints))
-	for _, ep := range s.Endpoints {
-		if !ep.IP.Is4() || ep.IP.IsUnspecified() {
-			return fail("endpoint IP %v is not a usable IPv4 address", ep.IP)
+	for _, list := range []struct {
+		what string
+		eps  []Endpoint
+	}{{"endpoint", s.Endpoints}, {"local endpoint", s.LocalEndpoints}} {
+		seen := make(map[Endpoint]bool, len(list.eps))
+		for _, ep := range list.eps {
+			if !ep.IP.Is4() || ep.IP.IsUnspecified() {
+				return fail("%s IP %v is not a usable IPv4 address", list.what, ep.IP)
+			}
+			if ep.Port < 1 || ep.Port > 65535 {
+				return fail("%s %v: port out of range", list.what, ep)
+			}
+			if seen[ep] {
+				return fail("%s %v listed twice", list.what, ep)
+			}
+			seen[ep] = true
 		}
-		if ep.Port < 1 || ep.Port > 65535 {
-			return fail("endpoint %v: port out of range", ep)
-		}
-		if seen[ep] {
-			return fail("endpoint %v listed twice", ep)
-		}
-		seen[ep] = true
+	}
+	if len(s.LocalEndpoints) > 0 && !s.InternalLocal && !s.ExternalLocal {
+		return fail("local endpoints given but neither traffic policy is Local")
 	}
 	if s.AffinityTimeout < 0 {
 		return fail("negative affinity timeout %v", s.AffinityTimeout)
@@ -233,7 +258,73 @@ func (st *State) Clone() *State {
 		s.ExternalIPs = slices.Clone(s.ExternalIPs)
 		s.LoadBalancerIPs = slices.Clone(s.LoadBalancerIPs)
 		s.Endpoints = slices.Clone(s.Endpoints)
+		s.LocalEndpoints = slices.Clone(s.LocalEndpoints)
 		out.Services[i] = s
 	}
 	return out
+}
+
+// externallyAccessible reports whether the port has external destinations (a node
+// port, external IPs or load-balancer IPs), as upstream's ExternallyAccessible.
+func (s *Service) externallyAccessible() bool {
+	return s.NodePort != 0 || len(s.ExternalIPs) > 0 || len(s.LoadBalancerIPs) > 0
+}
+
+// policyPlan is what kube-proxy derives from a port's endpoints and policies:
+// which endpoints each kind of traffic uses, and the verdict for a kind with none.
+type policyPlan struct {
+	// hasEndpoints: the port has endpoints (upstream's hasEndpoints).
+	hasEndpoints bool
+	// usesCluster / usesLocal: the Cluster / Local endpoint chain is written.
+	usesCluster, usesLocal bool
+	// internal / external are the endpoints of each kind of traffic.
+	internal, external []Endpoint
+	// internalVerdict / externalVerdict are empty when that traffic has endpoints,
+	// else Reject or Drop.
+	internalVerdict, externalVerdict NoEndpointsAction
+	// all is every endpoint some chain of the port uses (cluster then local, no
+	// duplicates): the endpoint chains and hairpin entries.
+	all []Endpoint
+}
+
+func (s *Service) policy() policyPlan {
+	var p policyPlan
+	p.hasEndpoints = len(s.Endpoints) > 0 || len(s.LocalEndpoints) > 0
+	ext := s.externallyAccessible()
+	p.usesCluster = len(s.Endpoints) > 0 && (!s.InternalLocal || ext)
+	p.usesLocal = len(s.LocalEndpoints) > 0
+	p.internal, p.external = s.Endpoints, s.Endpoints
+	if s.InternalLocal {
+		p.internal = s.LocalEndpoints
+	}
+	if s.ExternalLocal {
+		p.external = s.LocalEndpoints
+	}
+	none := s.NoEndpoints
+	if none == "" {
+		none = Reject
+	}
+	if p.hasEndpoints {
+		none = Drop
+	}
+	if len(p.internal) == 0 {
+		p.internalVerdict = none
+	}
+	if len(p.external) == 0 {
+		p.externalVerdict = none
+	}
+	seen := make(map[Endpoint]bool, len(s.Endpoints)+len(s.LocalEndpoints))
+	add := func(eps []Endpoint) {
+		for _, ep := range eps {
+			if !seen[ep] {
+				seen[ep] = true
+				p.all = append(p.all, ep)
+			}
+		}
+	}
+	if p.usesCluster {
+		add(s.Endpoints)
+	}
+	add(s.LocalEndpoints)
+	return p
 }

@@ -28,9 +28,6 @@ type converted struct {
 	// healthCheckNodePort and localReady feed the service health servers.
 	healthCheckNodePort uint16
 	localReady          []netip.Addr
-	// policyApprox names the traffic policy that could not be honoured exactly
-	// (empty when it was); the port is written with Cluster endpoints.
-	policyApprox string
 }
 
 // converter keeps the IPv4 rules of every service port and redoes only the ports
@@ -222,34 +219,18 @@ func convertPort(sp *servicemap.ServicePort, node servicemap.Node) (cv *converte
 	cv.noLocalInternal = sp.InternalPolicyLocal && sel.HasAnyEndpoints && len(sel.Local) == 0
 	cv.noLocalExternal = sp.ExternalPolicyLocal && sel.HasAnyEndpoints && len(sel.Local) == 0
 
-	// The rules package writes one endpoint set for every destination of a port.
-	// Upstream keeps one for in-cluster traffic (internalTrafficPolicy) and one for
-	// external traffic (externalTrafficPolicy); when they differ, nodekit writes the
-	// Cluster set everywhere and says so.
-	internalLocal := sp.InternalPolicyLocal
-	externalLocal := sp.ExternalPolicyLocal
-	eps := sel.Cluster
-	switch {
-	case external && internalLocal != externalLocal:
-		if internalLocal {
-			cv.policyApprox = "internalTrafficPolicy=Local"
-		} else {
-			cv.policyApprox = "externalTrafficPolicy=Local"
-		}
-		// sel.Cluster is nil when no policy uses Cluster; recompute without Local.
-		eps = clusterEndpoints(sp, node)
-	case internalLocal:
-		eps = sel.Local
-		if len(eps) == 0 && sel.HasAnyEndpoints {
-			cv.svc.NoEndpoints = rules.Drop
-		}
+	// Upstream's CategorizeEndpoints result as the rules take it: the Cluster
+	// endpoints, this node's endpoints, and which traffic uses which.
+	cv.svc.InternalLocal = sp.InternalPolicyLocal
+	cv.svc.ExternalLocal = sp.ExternalPolicyLocal && external
+	cv.svc.Endpoints = ipv4Endpoints(sel.Cluster)
+	if cv.svc.InternalLocal || cv.svc.ExternalLocal {
+		cv.svc.LocalEndpoints = ipv4Endpoints(sel.Local)
 	}
-	cv.svc.Endpoints = make([]rules.Endpoint, 0, len(eps))
-	for _, e := range eps {
-		if !e.Addr.Is4() {
-			continue
-		}
-		cv.svc.Endpoints = append(cv.svc.Endpoints, rules.Endpoint{IP: e.Addr, Port: int(e.Port)})
+	if sel.HasAnyEndpoints {
+		// Endpoints exist somewhere: traffic whose Local policy finds none here is
+		// dropped, not rejected (only reachable when a policy is Local).
+		cv.svc.NoEndpoints = rules.Drop
 	}
 	if err := cv.svc.Validate(); err != nil {
 		cv.err = fmt.Errorf("%w: %w", errNotExpressible, err)
@@ -257,11 +238,13 @@ func convertPort(sp *servicemap.ServicePort, node servicemap.Node) (cv *converte
 	return cv, true
 }
 
-// clusterEndpoints is the Cluster-policy selection for a port whose policies
-// are both Local in the API but written as Cluster by nodekit.
-func clusterEndpoints(sp *servicemap.ServicePort, node servicemap.Node) []servicemap.Endpoint {
-	cp := *sp
-	cp.InternalPolicyLocal = false
-	cp.ExternalPolicyLocal = false
-	return servicemap.Select(&cp, v1.IPv4Protocol, node).Cluster
+// ipv4Endpoints converts the IPv4 endpoints of a selection; nil when there are none.
+func ipv4Endpoints(eps []servicemap.Endpoint) []rules.Endpoint {
+	var out []rules.Endpoint
+	for _, e := range eps {
+		if e.Addr.Is4() {
+			out = append(out, rules.Endpoint{IP: e.Addr, Port: int(e.Port)})
+		}
+	}
+	return out
 }

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 
 	"github.com/nodekit-dev/nodekit/internal/testenv"
 	"github.com/nodekit-dev/nodekit/internal/testenv/controlplane"
@@ -124,11 +125,17 @@ func newCluster(t *testing.T, cp *controlplane.ControlPlane, mode string, pods i
 // way a kubelet reports it, so the endpointslice controller lists its address.
 func (c *cluster) runPod(name string, i int, app string) {
 	c.t.Helper()
+	c.runPodOn(name, i, app, c.node)
+}
+
+// runPodOn is runPod with the Pod bound to node (which must exist).
+func (c *cluster) runPodOn(name string, i int, app, node string) {
+	c.t.Helper()
 	ctx := context.Background()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.ns, Labels: map[string]string{"app": app}},
 		Spec: corev1.PodSpec{
-			NodeName:                     c.node,
+			NodeName:                     node,
 			AutomountServiceAccountToken: new(bool),
 			Containers: []corev1.Container{{Name: "srv", Image: "busybox",
 				Ports: []corev1.ContainerPort{{ContainerPort: int32(c.env.Pods[i].HTTPPort)}}}},
@@ -308,7 +315,15 @@ func (c *cluster) waitKernel(what string, cond func(rules string) bool) time.Dur
 // served sends n requests from ns to addr, each on a new connection, and counts
 // the serving pods; failures are counted under "".
 func served(ns *netns.Namespace, addr string, n int, timeout time.Duration) map[string]int {
-	hc := ns.HTTPClient(timeout)
+	// The dial is bounded too: net/http lets a dial outlive its request, and a
+	// SYN into a blackhole retries for minutes, past the namespace's teardown.
+	hc := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			return ns.Dial(ctx, network, address)
+		}}}
+	defer hc.CloseIdleConnections()
 	out := map[string]int{}
 	for range n {
 		pod, _, err := netns.Get(context.Background(), hc, addr)
@@ -379,6 +394,8 @@ func testAgentMode(t *testing.T, cp *controlplane.ControlPlane, mode string) {
 	}, 30*time.Second, 50*time.Millisecond, "health check node port never answered 200: %s", hcBody)
 	assert.Contains(t, hcBody, `"localEndpoints": 3,`)
 	assert.Contains(t, hcBody, `"name": "lb"`)
+
+	testTrafficPolicyLocal(t, c)
 
 	// A Service without endpoints is rejected: connection refused, at once.
 	t0 := time.Now()
@@ -467,6 +484,106 @@ func testAgentMode(t *testing.T, cp *controlplane.ControlPlane, mode string) {
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
 	assert.Contains(t, string(body), `"nodeEligible":true`)
 	assert.Contains(t, string(body), `"status":{"IPv4":{"lastUpdated":`)
+}
+
+// testTrafficPolicyLocal: a NodePort Service with externalTrafficPolicy Local
+// and two endpoints, one on this node (env pod 0) and one on another node
+// (env pod 1, whose Pod is bound to a second Node). External traffic reaches only
+// the local one and keeps the client's address; pods are short-circuited to both;
+// with no local endpoint external traffic is dropped, not rejected.
+func testTrafficPolicyLocal(t *testing.T, c *cluster) {
+	t.Helper()
+	pods := c.env.Pods
+	remote := c.node + "-remote"
+	c.cp.CreateNode(t, remote)
+	c.runPodOn("etp-local", 0, "etp", c.node)
+	c.runPodOn("etp-remote", 1, "etp", remote)
+	svc := c.service("etp", "etp", corev1.ServiceTypeNodePort, corev1.ProtocolTCP, 80)
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	svc, err := c.client.CoreV1().Services(c.ns).Update(context.Background(), svc, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	itp := c.service("itp", "etp", corev1.ServiceTypeClusterIP, corev1.ProtocolTCP, 80)
+	itp.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+	itp, err = c.client.CoreV1().Services(c.ns).Update(context.Background(), itp, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	c.waitSlice("etp", pods[0].IP.String(), pods[1].IP.String())
+	c.waitSlice("itp", pods[0].IP.String(), pods[1].IP.String())
+	nodePort := net.JoinHostPort(c.env.NodeIP.String(), strconv.Itoa(int(svc.Spec.Ports[0].NodePort)))
+	itpVIP := net.JoinHostPort(itp.Spec.ClusterIP, "80")
+
+	hc := c.env.Client.HTTPClient(2 * time.Second)
+	defer hc.CloseIdleConnections()
+	require.Eventually(t, func() bool {
+		pod, _, err := netns.Get(context.Background(), hc, nodePort)
+		return err == nil && pod == pods[0].Name
+	}, 30*time.Second, 50*time.Millisecond, "the Local NodePort never served")
+	for range 20 {
+		pod, remoteAddr, err := netns.Get(context.Background(), hc, nodePort)
+		require.NoError(t, err)
+		assert.Equal(t, pods[0].Name, pod, "externalTrafficPolicy Local: only the local endpoint")
+		assert.True(t, strings.HasPrefix(remoteAddr, c.env.ClientIP.String()+":"), "the pod sees the client, got %s", remoteAddr)
+	}
+	got := served(pods[3].Namespace, nodePort, 40, 2*time.Second)
+	assert.Zero(t, got[""], "pod traffic to the NodePort: %v", got)
+	assert.Len(t, got, 2, "pod traffic is short-circuited to every endpoint: %v", got)
+	require.Eventually(t, func() bool {
+		pod, _, err := netns.Get(context.Background(), pods[3].HTTPClient(time.Second), itpVIP)
+		return err == nil && pod == pods[0].Name
+	}, 30*time.Second, 50*time.Millisecond, "the internalTrafficPolicy Local ClusterIP never served")
+	got = served(pods[3].Namespace, itpVIP, 30, 2*time.Second)
+	assert.Equal(t, map[string]int{pods[0].Name: 30}, got, "internalTrafficPolicy Local: a pod reaches only the local endpoint")
+
+	require.NoError(t, c.client.CoreV1().Pods(c.ns).Delete(context.Background(), "etp-local", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
+	c.waitSlice("etp", pods[1].IP.String())
+	dial := func() (time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		t0 := time.Now()
+		conn, err := c.env.Client.Dial(ctx, "tcp", nodePort)
+		if conn != nil {
+			conn.Close()
+		}
+		return time.Since(t0), err
+	}
+	// Wait for the sync that removes the local endpoint (iptables-restore commits
+	// nat and filter one after the other, so a SYN racing that sync may be refused
+	// once), then every new external connection is dropped.
+	require.Eventually(t, func() bool {
+		_, err := dial()
+		return err != nil && !errors.Is(err, syscall.ECONNREFUSED)
+	}, 30*time.Second, 50*time.Millisecond, "external traffic is never dropped with no local endpoint")
+	for range 3 {
+		took, err := dial()
+		require.Error(t, err, "connected with no local endpoint")
+		assert.False(t, errors.Is(err, syscall.ECONNREFUSED), "no local endpoint: want dropped, got %v", err)
+		assert.GreaterOrEqual(t, took, 900*time.Millisecond, "dropped, so no answer: %v after %v", err, took)
+	}
+	got = served(pods[3].Namespace, nodePort, 10, 2*time.Second)
+	assert.Equal(t, map[string]int{pods[1].Name: 10}, got, "pods still reach the remote endpoint")
+	c.waitSlice("itp", pods[1].IP.String())
+	dialITP := func() (time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		t0 := time.Now()
+		conn, err := pods[3].Dial(ctx, "tcp", itpVIP)
+		if conn != nil {
+			conn.Close()
+		}
+		return time.Since(t0), err
+	}
+	require.Eventually(t, func() bool {
+		_, err := dialITP()
+		return err != nil && !errors.Is(err, syscall.ECONNREFUSED)
+	}, 30*time.Second, 50*time.Millisecond, "internalTrafficPolicy Local traffic is never dropped with no local endpoint")
+	for range 2 {
+		took, err := dialITP()
+		require.Error(t, err, "internalTrafficPolicy Local with no local endpoint connected")
+		assert.False(t, errors.Is(err, syscall.ECONNREFUSED), "internalTrafficPolicy Local, no local endpoint: want dropped, got %v", err)
+		assert.GreaterOrEqual(t, took, 900*time.Millisecond, "dropped, so no answer: %v after %v", err, took)
+	}
+	require.NoError(t, c.client.CoreV1().Services(c.ns).Delete(context.Background(), "itp", metav1.DeleteOptions{}))
+	require.NoError(t, c.client.CoreV1().Services(c.ns).Delete(context.Background(), "etp", metav1.DeleteOptions{}))
+	require.NoError(t, c.client.CoreV1().Pods(c.ns).Delete(context.Background(), "etp-remote", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
 }
 
 // keepAliveGet sends one HTTP/1.1 request on conn and returns the serving pod.

@@ -67,7 +67,6 @@ type proxier struct {
 	conv            *converter
 	skipped         map[servicemap.ServicePortName]string
 	triggerTimes    map[types.NamespacedName][]time.Time
-	approxLogged    map[servicemap.ServicePortName]bool
 }
 
 func newProxier(cfg proxierConfig) *proxier {
@@ -88,7 +87,6 @@ func newProxier(cfg proxierConfig) *proxier {
 		conv:         newConverter(cfg.Node),
 		skipped:      map[servicemap.ServicePortName]string{},
 		triggerTimes: map[types.NamespacedName][]time.Time{},
-		approxLogged: map[servicemap.ServicePortName]bool{},
 	}
 }
 
@@ -251,7 +249,6 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 	triggers := p.triggerTimes
 	p.triggerTimes = map[types.NamespacedName][]time.Time{}
 	p.reportSkips(logger, skips)
-	p.reportApprox(logger, upd, full)
 	p.mu.Unlock()
 
 	if full {
@@ -345,29 +342,4 @@ func (p *proxier) reportSkips(logger klog.Logger, skips []skipped) {
 	}
 	p.skipped = now
 	skippedServicePorts.WithLabelValues(ipFamily).Set(float64(len(now)))
-}
-
-// reportApprox logs, once per port, a traffic policy written as Cluster.
-func (p *proxier) reportApprox(logger klog.Logger, upd servicemap.Update, full bool) {
-	check := func(n servicemap.ServicePortName) {
-		cv, ok := p.conv.ports[n]
-		if !ok || cv.policyApprox == "" {
-			delete(p.approxLogged, n)
-			return
-		}
-		if !p.approxLogged[n] {
-			p.approxLogged[n] = true
-			logger.Info("Traffic policy not honoured by nodekit; the port is written with Cluster endpoints for every destination",
-				"service", klog.KRef(n.Namespace, n.Name), "port", n.Port, "policy", cv.policyApprox)
-		}
-	}
-	if full {
-		for n := range p.conv.ports {
-			check(n)
-		}
-		return
-	}
-	for _, n := range upd.Changed {
-		check(n)
-	}
 }

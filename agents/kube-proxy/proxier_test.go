@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/component-base/metrics/testutil"
 	"k8s.io/klog/v2"
@@ -389,6 +388,15 @@ func TestConvertTrafficPolicies(t *testing.T) {
 	tr.OnServiceAdd(etp)
 	tr.OnEndpointSliceAdd(smt.EndpointSlice("default", "etp-1", "etp", discoveryv1.AddressTypeIPv4,
 		smt.SlicePort("", 8080, corev1.ProtocolTCP), smt.Endpoints(smt.Endpoint("10.244.2.11", smt.OnNode("n2")))))
+	// Both policies Local, one endpoint here and one elsewhere.
+	both := smt.Service("default", "both", smt.ClusterIPs("10.96.0.33"), smt.Port("", 80, corev1.ProtocolTCP),
+		smt.Type(corev1.ServiceTypeNodePort), smt.NodePort("", 30081),
+		smt.ExternalTrafficPolicy(corev1.ServiceExternalTrafficPolicyLocal),
+		smt.InternalTrafficPolicy(corev1.ServiceInternalTrafficPolicyLocal))
+	tr.OnServiceAdd(both)
+	tr.OnEndpointSliceAdd(smt.EndpointSlice("default", "both-1", "both", discoveryv1.AddressTypeIPv4,
+		smt.SlicePort("", 8080, corev1.ProtocolTCP), smt.Endpoints(
+			smt.Endpoint("10.244.1.12", smt.OnNode("n1")), smt.Endpoint("10.244.2.12", smt.OnNode("n2")))))
 	v6 := smt.Service("default", "v6", smt.ClusterIPs("fd00::10"), smt.Port("", 80, corev1.ProtocolTCP))
 	tr.OnServiceAdd(v6)
 
@@ -400,15 +408,23 @@ func TestConvertTrafficPolicies(t *testing.T) {
 	for _, s := range st.Services {
 		byName[s.Name] = s
 	}
+	ep := func(s string) rules.Endpoint { return rules.Endpoint{IP: netip.MustParseAddr(s), Port: 8080} }
 	assert.NotContains(t, byName, "v6", "an IPv6-only service is not the IPv4 writer's")
 	assert.Equal(t, rules.Drop, byName["local"].NoEndpoints, "ITP Local, endpoints elsewhere only: drop")
-	assert.Empty(t, byName["local"].Endpoints)
+	assert.True(t, byName["local"].InternalLocal)
+	assert.Empty(t, byName["local"].Endpoints, "a ClusterIP-only ITP Local port uses no Cluster endpoints")
+	assert.Empty(t, byName["local"].LocalEndpoints)
 	assert.Empty(t, byName["empty"].Endpoints)
 	assert.NotEqual(t, rules.Drop, byName["empty"].NoEndpoints, "no endpoints anywhere: reject")
-	assert.Equal(t, []rules.Endpoint{{IP: netip.MustParseAddr("10.244.2.11"), Port: 8080}}, byName["etp"].Endpoints,
-		"ETP Local is written with Cluster endpoints (a documented gap)")
-	assert.Equal(t, "externalTrafficPolicy=Local", c.ports[servicemap.ServicePortName{
-		NamespacedName: types.NamespacedName{Namespace: "default", Name: "etp"}, Protocol: corev1.ProtocolTCP}].policyApprox)
+	assert.True(t, byName["etp"].ExternalLocal)
+	assert.False(t, byName["etp"].InternalLocal)
+	assert.Equal(t, []rules.Endpoint{ep("10.244.2.11")}, byName["etp"].Endpoints, "Cluster endpoints for ClusterIP and short-circuited traffic")
+	assert.Empty(t, byName["etp"].LocalEndpoints, "no local endpoint: external traffic is dropped")
+	assert.True(t, byName["both"].ExternalLocal)
+	assert.True(t, byName["both"].InternalLocal)
+	assert.Equal(t, []rules.Endpoint{ep("10.244.1.12"), ep("10.244.2.12")}, byName["both"].Endpoints,
+		"an externally accessible port keeps its Cluster endpoints for short-circuiting")
+	assert.Equal(t, []rules.Endpoint{ep("10.244.1.12")}, byName["both"].LocalEndpoints)
 	in, ex := c.noLocal()
 	assert.Equal(t, 1, in)
 	assert.Equal(t, 1, ex)
