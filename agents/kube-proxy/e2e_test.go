@@ -315,14 +315,7 @@ func (c *cluster) waitKernel(what string, cond func(rules string) bool) time.Dur
 // served sends n requests from ns to addr, each on a new connection, and counts
 // the serving pods; failures are counted under "".
 func served(ns *netns.Namespace, addr string, n int, timeout time.Duration) map[string]int {
-	// The dial is bounded too: net/http lets a dial outlive its request, and a
-	// SYN into a blackhole retries for minutes, past the namespace's teardown.
-	hc := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
-			ctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			return ns.Dial(ctx, network, address)
-		}}}
+	hc := ns.HTTPClient(timeout)
 	defer hc.CloseIdleConnections()
 	out := map[string]int{}
 	for range n {

@@ -169,7 +169,14 @@ func (n *Namespace) HTTPClient(timeout time.Duration) *http.Client {
 	return &http.Client{
 		Timeout: timeout,
 		Transport: &http.Transport{
-			DialContext:       n.Dial,
+			// The dial is bounded by the same timeout: net/http lets a dial outlive
+			// the request that started it, and a SYN into a blackhole retries for
+			// minutes, past the namespace's teardown.
+			DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
+				ctx, cancel := context.WithTimeout(ctx, timeout)
+				defer cancel()
+				return n.Dial(ctx, network, address)
+			},
 			DisableKeepAlives: true,
 		},
 	}
