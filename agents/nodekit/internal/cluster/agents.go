@@ -1,0 +1,141 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// ClusterDNS is the kube-dns Service address kubeadm uses (the tenth of ServiceCIDR).
+const ClusterDNS = "10.96.0.10"
+
+// FabricAdminKubeconfig is an admin kubeconfig that reaches the API server at its
+// fabric address, for tools run inside a node's namespace (nodekit explain).
+const FabricAdminKubeconfig = "admin-fabric.kubeconfig"
+
+// agents starts each node's kubelet and kube-proxy (those whose binaries are given),
+// each inside the node's namespace with its own identity, then waits until every node
+// is Ready.
+func (c *Cluster) agents(ctx context.Context) error {
+	server := "https://" + ControlPlaneIP + ":" + strconv.Itoa(APIServerPort)
+	for _, n := range c.st.Nodes {
+		if c.cfg.KubeletBinary != "" {
+			kc := filepath.Join(n.Dir, "kubelet.kubeconfig")
+			// The identity the Node authorizer and NodeRestriction judge a kubelet by.
+			if err := c.ca.writeKubeconfig(kc, c.cfg.Name, server, "system:node:"+n.Name, "system:nodes"); err != nil {
+				return err
+			}
+			conf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: %q
+cgroupDriver: cgroupfs
+clusterDomain: cluster.local
+clusterDNS:
+- %s
+`, n.Runtime, ClusterDNS)
+			confPath := filepath.Join(n.Dir, "kubelet.yaml")
+			if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+				return err
+			}
+			logPath := c.path("logs", n.Name+"-kubelet.log")
+			cmd, err := startIn(n.NetNS, logPath, c.cfg.KubeletBinary,
+				"--config="+confPath, "--kubeconfig="+kc, "--hostname-override="+n.Name, "--node-ip="+n.IP,
+				"--root-dir="+filepath.Join(n.Dir, "kubelet"), "--container-runtime-endpoint="+n.Runtime)
+			if err != nil {
+				return err
+			}
+			if err := c.record("kubelet", n.Name, logPath, cmd); err != nil {
+				return err
+			}
+		}
+		if c.cfg.KubeProxyBinary != "" {
+			kc := filepath.Join(n.Dir, "kube-proxy.kubeconfig")
+			// system:kube-proxy is the user the bootstrap policy binds to system:node-proxier.
+			if err := c.ca.writeKubeconfig(kc, c.cfg.Name, server, "system:kube-proxy"); err != nil {
+				return err
+			}
+			logPath := c.path("logs", n.Name+"-kube-proxy.log")
+			cmd, err := startIn(n.NetNS, logPath, c.cfg.KubeProxyBinary,
+				"--kubeconfig="+kc, "--hostname-override="+n.Name, "--proxy-mode=nftables",
+				"--cluster-cidr="+ClusterCIDR, "--healthz-bind-address=0.0.0.0:10256", "--metrics-bind-address=127.0.0.1:10249")
+			if err != nil {
+				return err
+			}
+			if err := c.record("kube-proxy", n.Name, logPath, cmd); err != nil {
+				return err
+			}
+		}
+	}
+	if err := c.st.save(); err != nil {
+		return err
+	}
+	if c.cfg.KubeletBinary == "" {
+		return nil
+	}
+	cfg, err := c.adminREST()
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	begin := time.Now()
+	for _, n := range c.st.Nodes {
+		if err := c.waitNodeReady(ctx, client, n); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	c.logf("%d node(s) Ready (%s after the agents started)", len(c.st.Nodes), time.Since(begin).Round(time.Millisecond))
+	return nil
+}
+
+// waitNodeReady sets the node's podCIDR once it registers (what the node IPAM
+// controller does on a real cluster; here the CIDR is fixed by the node's CNI config)
+// and waits for Ready=True.
+func (c *Cluster) waitNodeReady(ctx context.Context, client kubernetes.Interface, n Node) error {
+	var kubelet Process
+	for _, p := range c.st.Processes {
+		if p.Name == "kubelet" && p.Node == n.Name {
+			kubelet = p
+		}
+	}
+	cidrSet := false
+	return poll(ctx, 2*time.Minute, 100*time.Millisecond, func(ctx context.Context) error {
+		if !kubelet.Alive() {
+			return fmt.Errorf("%w: the kubelet exited (see %s)", errGiveUp, kubelet.Log)
+		}
+		node, err := client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("not registered yet")
+		}
+		if err != nil {
+			return err
+		}
+		if !cidrSet && node.Spec.PodCIDR == "" {
+			patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, n.PodCIDR, n.PodCIDR)
+			if _, err := client.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+				return fmt.Errorf("set podCIDR: %w", err)
+			}
+			cidrSet = true
+		}
+		for _, cond := range node.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				if cond.Status == corev1.ConditionTrue {
+					return nil
+				}
+				return fmt.Errorf("condition Ready=%s %s: %s", cond.Status, cond.Reason, cond.Message)
+			}
+		}
+		return fmt.Errorf("no Ready condition yet")
+	})
+}

@@ -1,0 +1,127 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// RecordSupervisor adds the detached supervisor to the state, so down stops it first.
+func RecordSupervisor(st *State, pid int, logPath string) error {
+	t, err := startTime(pid)
+	if err != nil {
+		return fmt.Errorf("the supervisor exited at once (see %s): %w", logPath, err)
+	}
+	st.Processes = append(st.Processes, Process{Name: "supervisor", PID: pid, StartTime: t, Log: logPath})
+	return st.save()
+}
+
+// Supervise serves the forwarder on l until ctx ends.
+func Supervise(ctx context.Context, st *State, l net.Listener) error {
+	var cp string
+	for _, ns := range st.Namespaces {
+		if strings.HasSuffix(ns, "-cp") {
+			cp = ns
+		}
+	}
+	if cp == "" {
+		return errors.New("the state records no control-plane namespace")
+	}
+	d, err := NewNSDialer(nsPath(cp))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return Forward(ctx, l, d, net.JoinHostPort(st.ControlPlaneIP, strconv.Itoa(APIServerPort)))
+}
+
+// Part is one line of `nodekit status`.
+type Part struct {
+	Name, Node, PID, State, Detail string
+}
+
+// Report is the whole status.
+type Report struct {
+	Parts   []Part
+	Healthy bool
+}
+
+// Status checks every recorded process, the API server through the forwarder, and
+// each node's runtime.
+func Status(ctx context.Context, st *State) Report {
+	rep := Report{Healthy: true}
+	for _, p := range st.Processes {
+		part := Part{Name: p.Name, Node: p.Node, PID: strconv.Itoa(p.PID), State: "running", Detail: p.Log}
+		if !p.Alive() {
+			part.State, rep.Healthy = "NOT RUNNING", false
+		}
+		rep.Parts = append(rep.Parts, part)
+	}
+	api := Part{Name: "api-server", State: "ready", Detail: "https://127.0.0.1:" + strconv.Itoa(st.APIPort) + "/readyz ok"}
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	if err := ReadyzThroughForwarder(actx, filepath.Join(st.StateDir, "kubeconfig")); err != nil {
+		api.State, api.Detail, rep.Healthy = "NOT READY", err.Error(), false
+	}
+	cancel()
+	rep.Parts = append(rep.Parts, api)
+	for _, n := range st.Nodes {
+		part := Part{Name: "cri", Node: n.Name, State: "ready", Detail: n.Runtime + " (netns " + n.NetNS + ", " + n.IP + ", pods " + n.PodCIDR + ")"}
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		if err := RuntimeReady(rctx, n.Runtime); err != nil {
+			part.State, part.Detail, rep.Healthy = "NOT READY", err.Error(), false
+		}
+		cancel()
+		rep.Parts = append(rep.Parts, part)
+	}
+	return rep
+}
+
+// Load imports an image tarball (OCI layout or docker archive) into every node's
+// containerd, in the k8s.io namespace the CRI plugin reads.
+func Load(ctx context.Context, st *State, tar string) error {
+	for _, n := range st.Nodes {
+		if err := importImage(ctx, n, tar); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+// ErrNoSuchPart marks a restart of a part the state does not record.
+var ErrNoSuchPart = errors.New("no such part")
+
+// Restart stops the recorded process name (on node, "" for the control plane) if it
+// still runs and starts it again with the same command line, recording its new PID.
+// It is how the seed's stories heal: restart the kubelet or kube-proxy that was killed.
+func Restart(st *State, name, node string) (Process, error) {
+	for i, p := range st.Processes {
+		if p.Name != name || p.Node != node {
+			continue
+		}
+		if len(p.Command) == 0 {
+			return Process{}, fmt.Errorf("%s cannot be restarted (no recorded command; the supervisor is restarted by nodekit up)", name)
+		}
+		stop(p, stopGrace)
+		cmd, err := startCommand(p.Log, p.Command)
+		if err != nil {
+			return Process{}, err
+		}
+		t, err := startTime(cmd.Process.Pid)
+		if err != nil {
+			return Process{}, fmt.Errorf("%s exited at once (see %s): %w", name, p.Log, err)
+		}
+		p.PID, p.StartTime = cmd.Process.Pid, t
+		st.Processes[i] = p
+		return p, st.save()
+	}
+	where := "the control plane"
+	if node != "" {
+		where = "node " + node
+	}
+	return Process{}, fmt.Errorf("%w: %s on %s", ErrNoSuchPart, name, where)
+}

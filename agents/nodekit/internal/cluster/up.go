@@ -1,0 +1,772 @@
+// Package cluster brings up, supervises and tears down the local cluster `nodekit up`
+// makes: a fabric network namespace with a bridge, a control-plane namespace (etcd,
+// kube-apiserver, kube-controller-manager, kube-scheduler) and one namespace per node
+// (containerd with a CNI bridge, and the node's kubelet and kube-proxy when their
+// binaries are given). The machine's own network namespace is never changed: the one
+// thing in it is a TCP forwarder on 127.0.0.1 to the API server.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Fixed addressing inside the cluster's own namespaces (nothing here is visible on the
+// machine's network).
+const (
+	FabricCIDR     = "172.30.0.0/24"
+	fabricGateway  = "172.30.0.1"
+	ControlPlaneIP = "172.30.0.2"
+	ServiceCIDR    = "10.96.0.0/16"
+	ClusterCIDR    = "10.244.0.0/16"
+	APIServerPort  = 6443
+	// KubernetesServiceIP is the first address of ServiceCIDR.
+	KubernetesServiceIP = "10.96.0.1"
+	cniBinDir           = "/usr/lib/cni"
+)
+
+// ErrPrerequisite marks a missing tool, binary or image.
+var ErrPrerequisite = errors.New("missing prerequisite")
+
+// Config is one `nodekit up`.
+type Config struct {
+	// Name prefixes the network namespaces (nk-NAME-...). Empty means "nodekit".
+	Name string
+	// StateDir holds everything of the cluster. Required.
+	StateDir string
+	// Nodes is the number of nodes; zero means 1.
+	Nodes int
+	// APIPort is the port on 127.0.0.1 kubectl reaches the API server through. Zero
+	// means 6443.
+	APIPort int
+	// PeersDir holds etcd, kube-apiserver, kube-controller-manager and kube-scheduler.
+	PeersDir string
+	// ImagesDir holds images.tsv and the image tars hack/setup-containerd.sh builds.
+	ImagesDir string
+	// KubeletBinary and KubeProxyBinary are nodekit's agents; empty leaves the nodes
+	// with containerd only.
+	KubeletBinary, KubeProxyBinary string
+	// CoreDNSImageTar is the CoreDNS image hack/build-coredns.sh builds (CoreDNSImage);
+	// empty leaves the DNS add-on out.
+	CoreDNSImageTar string
+	// NodeMonitorGracePeriod is kube-controller-manager's flag; zero means upstream's 50s.
+	NodeMonitorGracePeriod time.Duration
+	// Log receives progress lines. Nil means none.
+	Log io.Writer
+}
+
+func (c *Config) defaults() error {
+	if c.Name == "" {
+		c.Name = "nodekit"
+	}
+	if c.Nodes == 0 {
+		c.Nodes = 1
+	}
+	if c.Nodes < 1 || c.Nodes > 200 {
+		return fmt.Errorf("--nodes %d: want 1 to 200", c.Nodes)
+	}
+	if c.APIPort == 0 {
+		c.APIPort = APIServerPort
+	}
+	if c.NodeMonitorGracePeriod == 0 {
+		c.NodeMonitorGracePeriod = 50 * time.Second
+	}
+	if c.StateDir == "" {
+		return errors.New("no state dir")
+	}
+	abs, err := filepath.Abs(c.StateDir)
+	if err != nil {
+		return err
+	}
+	c.StateDir = abs
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+	// Namespace names: "nk-" + name + "-node-200" must stay a sane file name.
+	if len(c.Name) > 32 || strings.ContainsAny(c.Name, "/ \t\n") {
+		return fmt.Errorf("cluster name %q: want at most 32 characters, no slashes or spaces", c.Name)
+	}
+	return nil
+}
+
+// Images is what images.tsv lists.
+type Images struct {
+	Pause, PauseTar     string
+	Busybox, BusyboxTar string
+}
+
+// CheckPrerequisites names the first thing `up` cannot do without.
+func CheckPrerequisites(c *Config) (*Images, error) {
+	for _, tool := range []string{"ip", "nsenter", "containerd", "containerd-shim-runc-v2", "runc", "ctr"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("%w: %s is not installed (hack/up.sh installs it)", ErrPrerequisite, tool)
+		}
+	}
+	for _, p := range []string{"bridge", "host-local", "loopback"} {
+		if _, err := os.Stat(filepath.Join(cniBinDir, p)); err != nil {
+			return nil, fmt.Errorf("%w: CNI plugin %s missing in %s (apt-get install containernetworking-plugins)", ErrPrerequisite, p, cniBinDir)
+		}
+	}
+	if c.PeersDir == "" {
+		return nil, fmt.Errorf("%w: no peers folder: pass --peers-dir or set NODEKIT_PEERS_DIR (hack/build-peers.sh prints it)", ErrPrerequisite)
+	}
+	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+		if st, err := os.Stat(filepath.Join(c.PeersDir, b)); err != nil || st.Mode()&0o111 == 0 {
+			return nil, fmt.Errorf("%w: %s not found in %s (hack/build-peers.sh builds it)", ErrPrerequisite, b, c.PeersDir)
+		}
+	}
+	for _, b := range []string{c.KubeletBinary, c.KubeProxyBinary} {
+		if b == "" {
+			continue
+		}
+		if st, err := os.Stat(b); err != nil || st.Mode()&0o111 == 0 {
+			return nil, fmt.Errorf("%w: agent binary %s not found", ErrPrerequisite, b)
+		}
+	}
+	if c.CoreDNSImageTar != "" {
+		if _, err := os.Stat(c.CoreDNSImageTar); err != nil {
+			return nil, fmt.Errorf("%w: CoreDNS image %s not found (hack/build-coredns.sh builds it)", ErrPrerequisite, c.CoreDNSImageTar)
+		}
+	}
+	if c.ImagesDir == "" {
+		return nil, fmt.Errorf("%w: no images folder: pass --images-dir or set NODEKIT_IMAGES_DIR (hack/setup-containerd.sh prints it)", ErrPrerequisite)
+	}
+	b, err := os.ReadFile(filepath.Join(c.ImagesDir, "images.tsv"))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v (hack/setup-containerd.sh builds the images)", ErrPrerequisite, err)
+	}
+	im := &Images{}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Split(strings.TrimSpace(line), "\t")
+		if len(f) != 3 {
+			continue
+		}
+		tar := filepath.Join(c.ImagesDir, f[2])
+		if _, err := os.Stat(tar); err != nil {
+			return nil, fmt.Errorf("%w: image tar %s missing (hack/setup-containerd.sh)", ErrPrerequisite, tar)
+		}
+		switch f[0] {
+		case "pause":
+			im.Pause, im.PauseTar = f[1], tar
+		case "busybox":
+			im.Busybox, im.BusyboxTar = f[1], tar
+		}
+	}
+	if im.Pause == "" || im.Busybox == "" {
+		return nil, fmt.Errorf("%w: %s lacks the pause or busybox image", ErrPrerequisite, filepath.Join(c.ImagesDir, "images.tsv"))
+	}
+	return im, nil
+}
+
+// Cluster is a cluster being brought up or running in this process.
+type Cluster struct {
+	cfg    Config
+	st     *State
+	images *Images
+	ca     *authority
+	// Listener is the forwarder's socket on 127.0.0.1:APIPort.
+	Listener net.Listener
+	dialer   *NSDialer
+}
+
+// HasKubelet reports whether the nodes run a kubelet.
+func (c *Cluster) HasKubelet() bool { return c.cfg.KubeletBinary != "" }
+
+// State is the recorded state.
+func (c *Cluster) State() *State { return c.st }
+
+// Kubeconfig is the admin kubeconfig for kubectl on the machine.
+func (c *Cluster) Kubeconfig() string { return filepath.Join(c.cfg.StateDir, "kubeconfig") }
+
+func (c *Cluster) logf(format string, args ...any) {
+	fmt.Fprintf(c.cfg.Log, "nodekit up: "+format+"\n", args...)
+}
+
+func (c *Cluster) ns(suffix string) string { return "nk-" + c.cfg.Name + "-" + suffix }
+
+// Up checks everything it can before touching anything (prerequisites, the state dir,
+// the port, namespace names), then builds the cluster step by step, recording each
+// step; on failure it tears down what it made. The returned Cluster's forwarder is
+// not running yet: call Serve (foreground) or hand Listener to a supervisor.
+func Up(ctx context.Context, cfg Config) (*Cluster, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	images, err := CheckPrerequisites(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{cfg: cfg, images: images}
+	if err := checkFree(cfg.StateDir); err != nil {
+		return nil, err
+	}
+	for _, suffix := range append([]string{"fabric", "cp"}, nodeNames(cfg.Nodes)...) {
+		if _, err := os.Stat(nsPath(c.ns(suffix))); err == nil {
+			return nil, fmt.Errorf("%w: network namespace %s exists: another cluster named %q runs (pick another --name, or run nodekit down on its state dir)", ErrNameInUse, c.ns(suffix), cfg.Name)
+		}
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(cfg.APIPort)))
+	if err != nil {
+		return nil, fmt.Errorf("%w: 127.0.0.1:%d: %v (pick another with --api-port)", ErrPortInUse, cfg.APIPort, err)
+	}
+	if err := claim(cfg.StateDir, cfg.Name); err != nil {
+		l.Close()
+		return nil, err
+	}
+	c.Listener = l
+	c.st = &State{Name: cfg.Name, StateDir: cfg.StateDir, APIPort: cfg.APIPort, ControlPlaneIP: ControlPlaneIP, GracePeriod: cfg.NodeMonitorGracePeriod.String()}
+	if err := c.st.save(); err != nil {
+		l.Close()
+		return nil, err
+	}
+	if err := c.build(ctx); err != nil {
+		c.logf("failed: %v; tearing down what was made", err)
+		l.Close()
+		if c.dialer != nil {
+			c.dialer.Close()
+		}
+		if derr := Down(context.Background(), cfg.StateDir, cfg.Log); derr != nil {
+			err = errors.Join(err, fmt.Errorf("tear-down after the failure: %w", derr))
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+func nodeNames(n int) []string {
+	out := make([]string, n)
+	for i := range n {
+		out[i] = "node-" + strconv.Itoa(i+1)
+	}
+	return out
+}
+
+func (c *Cluster) build(ctx context.Context) error {
+	begin := time.Now()
+	if err := c.pki(); err != nil {
+		return err
+	}
+	if err := c.network(ctx); err != nil {
+		return err
+	}
+	c.logf("network namespaces ready (%s)", time.Since(begin).Round(time.Millisecond))
+	d, err := NewNSDialer(nsPath(c.ns("cp")))
+	if err != nil {
+		return err
+	}
+	c.dialer = d
+	// containerd on every node starts while the control plane comes up.
+	nodeErr := make(chan error, 1)
+	go func() { nodeErr <- c.startRuntimes(ctx) }()
+	if err := c.controlPlane(ctx); err != nil {
+		<-nodeErr
+		return err
+	}
+	c.logf("control plane ready (%s)", time.Since(begin).Round(time.Millisecond))
+	if err := <-nodeErr; err != nil {
+		return err
+	}
+	c.logf("containerd ready on %d node(s) (%s)", len(c.st.Nodes), time.Since(begin).Round(time.Millisecond))
+	if c.cfg.CoreDNSImageTar != "" {
+		cfg, err := c.adminREST()
+		if err != nil {
+			return err
+		}
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return err
+		}
+		if err := poll(ctx, time.Minute, 200*time.Millisecond, func(ctx context.Context) error { return deployCoreDNS(ctx, client) }); err != nil {
+			return err
+		}
+		c.logf("CoreDNS add-on deployed (kube-dns at %s)", ClusterDNS)
+	}
+	if c.cfg.KubeletBinary != "" || c.cfg.KubeProxyBinary != "" {
+		if err := c.agents(ctx); err != nil {
+			return err
+		}
+	}
+	return c.st.save()
+}
+
+func (c *Cluster) path(parts ...string) string {
+	return filepath.Join(append([]string{c.cfg.StateDir}, parts...)...)
+}
+
+func (c *Cluster) pki() error {
+	ca, err := newAuthority(c.cfg.Name)
+	if err != nil {
+		return err
+	}
+	c.ca = ca
+	saKey, err := serviceAccountKey()
+	if err != nil {
+		return err
+	}
+	servingCert, servingKey, err := ca.issue("kube-apiserver", nil,
+		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(ControlPlaneIP), net.ParseIP(KubernetesServiceIP)},
+		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"})
+	if err != nil {
+		return err
+	}
+	kubeletClientCert, kubeletClientKey, err := ca.issue("kube-apiserver-kubelet-client", []string{"system:masters"}, nil, nil)
+	if err != nil {
+		return err
+	}
+	if err := writeFiles(map[string][]byte{
+		c.path("pki", "ca.crt"): ca.certPEM, c.path("pki", "ca.key"): ca.keyPEM,
+		c.path("pki", "sa.key"):        saKey,
+		c.path("pki", "apiserver.crt"): servingCert, c.path("pki", "apiserver.key"): servingKey,
+		c.path("pki", "apiserver-kubelet-client.crt"): kubeletClientCert, c.path("pki", "apiserver-kubelet-client.key"): kubeletClientKey,
+	}); err != nil {
+		return err
+	}
+	local := "https://127.0.0.1:" + strconv.Itoa(APIServerPort)
+	for _, k := range []struct{ file, cn, group string }{
+		{"admin.kubeconfig", "kubernetes-admin", "system:masters"},
+		{"controller-manager.kubeconfig", "system:kube-controller-manager", ""},
+		{"scheduler.kubeconfig", "system:kube-scheduler", ""},
+	} {
+		var groups []string
+		if k.group != "" {
+			groups = []string{k.group}
+		}
+		if err := ca.writeKubeconfig(c.path("cp", k.file), c.cfg.Name, local, k.cn, groups...); err != nil {
+			return err
+		}
+	}
+	fabric := "https://" + ControlPlaneIP + ":" + strconv.Itoa(APIServerPort)
+	if err := ca.writeKubeconfig(c.path("cp", FabricAdminKubeconfig), c.cfg.Name, fabric, "kubernetes-admin", "system:masters"); err != nil {
+		return err
+	}
+	// What kubectl on the machine uses: the forwarder on 127.0.0.1.
+	return ca.writeKubeconfig(c.Kubeconfig(), c.cfg.Name, "https://127.0.0.1:"+strconv.Itoa(c.cfg.APIPort), "kubernetes-admin", "system:masters")
+}
+
+func (c *Cluster) addNS(ctx context.Context, suffix string) (string, error) {
+	name := c.ns(suffix)
+	if err := ip(ctx, "netns", "add", name); err != nil {
+		return "", err
+	}
+	c.st.Namespaces = append(c.st.Namespaces, name)
+	if err := c.st.save(); err != nil {
+		return "", err
+	}
+	return name, ip(ctx, "-n", name, "link", "set", "lo", "up")
+}
+
+// attach joins namespace ns to the fabric bridge with a veth whose inner end is eth0
+// with addr/24. Both ends are created inside the fabric namespace and the inner one is
+// moved: nothing passes through the machine's namespace.
+func (c *Cluster) attach(ctx context.Context, ns, short, addr string) error {
+	fabric := c.ns("fabric")
+	outer, inner := "v-"+short, "i-"+short
+	steps := [][]string{
+		{"-n", fabric, "link", "add", outer, "type", "veth", "peer", "name", inner},
+		{"-n", fabric, "link", "set", inner, "netns", ns},
+		{"-n", fabric, "link", "set", outer, "master", "br0", "up"},
+		{"-n", ns, "link", "set", inner, "name", "eth0"},
+		{"-n", ns, "addr", "add", addr + "/24", "dev", "eth0"},
+		{"-n", ns, "link", "set", "eth0", "up"},
+		{"-n", ns, "route", "add", "default", "via", fabricGateway},
+	}
+	for _, s := range steps {
+		if err := ip(ctx, s...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) network(ctx context.Context) error {
+	fabric, err := c.addNS(ctx, "fabric")
+	if err != nil {
+		return err
+	}
+	for _, s := range [][]string{
+		{"-n", fabric, "link", "add", "br0", "type", "bridge"},
+		{"-n", fabric, "addr", "add", fabricGateway + "/24", "dev", "br0"},
+		{"-n", fabric, "link", "set", "br0", "up"},
+	} {
+		if err := ip(ctx, s...); err != nil {
+			return err
+		}
+	}
+	cp, err := c.addNS(ctx, "cp")
+	if err != nil {
+		return err
+	}
+	if err := c.attach(ctx, cp, "cp", ControlPlaneIP); err != nil {
+		return err
+	}
+	for i, name := range nodeNames(c.cfg.Nodes) {
+		ns, err := c.addNS(ctx, name)
+		if err != nil {
+			return err
+		}
+		nodeIP := fmt.Sprintf("172.30.0.%d", 11+i)
+		if err := c.attach(ctx, ns, fmt.Sprintf("n%d", i+1), nodeIP); err != nil {
+			return err
+		}
+		dir := c.path("nodes", name)
+		c.st.Nodes = append(c.st.Nodes, Node{
+			Name: name, IP: nodeIP, PodCIDR: fmt.Sprintf("10.244.%d.0/24", i+1), NetNS: ns, Dir: dir,
+			Runtime: "unix://" + filepath.Join(dir, "containerd.sock"), CNIConfig: filepath.Join(dir, "cni"),
+		})
+		// Forwarding for pods; no ICMP redirects: pod traffic between nodes goes by the
+		// routes below, not by the fabric's gateway.
+		if err := inNS(ctx, ns, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward; echo 0 > /proc/sys/net/ipv4/conf/all/send_redirects"); err != nil {
+			return err
+		}
+	}
+	// Every namespace on the fabric reaches every node's pod CIDR through that node.
+	for _, n := range c.st.Nodes {
+		for _, ns := range append([]string{cp}, nsNames(c.st.Nodes)...) {
+			if ns == n.NetNS {
+				continue
+			}
+			if err := ip(ctx, "-n", ns, "route", "add", n.PodCIDR, "via", n.IP); err != nil {
+				return err
+			}
+		}
+	}
+	return c.st.save()
+}
+
+func nsNames(nodes []Node) []string {
+	out := make([]string, len(nodes))
+	for i, n := range nodes {
+		out[i] = n.NetNS
+	}
+	return out
+}
+
+func (c *Cluster) record(name, node, logPath string, cmd *exec.Cmd) error {
+	p := Process{Name: name, PID: cmd.Process.Pid, Node: node, Log: logPath, Command: cmd.Args}
+	// nsenter execs the binary: the start time read now is the binary's.
+	st, err := startTime(p.PID)
+	if err != nil {
+		return fmt.Errorf("%s exited at once (see %s): %w", name, logPath, err)
+	}
+	p.StartTime = st
+	c.st.Processes = append(c.st.Processes, p)
+	return c.st.save()
+}
+
+func (c *Cluster) controlPlane(ctx context.Context) error {
+	cp := c.ns("cp")
+	peer := func(b string) string { return filepath.Join(c.cfg.PeersDir, b) }
+	logs := c.path("logs")
+	start := func(name string, args ...string) error {
+		logPath := filepath.Join(logs, name+".log")
+		cmd, err := startIn(cp, logPath, peer(name), args...)
+		if err != nil {
+			return err
+		}
+		return c.record(name, "", logPath, cmd)
+	}
+	if err := start("etcd",
+		"--data-dir="+c.path("cp", "etcd"),
+		"--listen-client-urls=http://127.0.0.1:2379",
+		"--listen-peer-urls=http://127.0.0.1:2380",
+	); err != nil {
+		return err
+	}
+	pki := func(f string) string { return c.path("pki", f) }
+	if err := start("kube-apiserver",
+		"--etcd-servers=http://127.0.0.1:2379",
+		"--bind-address=0.0.0.0",
+		"--advertise-address="+ControlPlaneIP,
+		"--secure-port="+strconv.Itoa(APIServerPort),
+		"--tls-cert-file="+pki("apiserver.crt"), "--tls-private-key-file="+pki("apiserver.key"),
+		"--client-ca-file="+pki("ca.crt"),
+		"--kubelet-client-certificate="+pki("apiserver-kubelet-client.crt"), "--kubelet-client-key="+pki("apiserver-kubelet-client.key"),
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		"--service-cluster-ip-range="+ServiceCIDR,
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+pki("sa.key"),
+		"--service-account-signing-key-file="+pki("sa.key"),
+		"--allow-privileged=true",
+	); err != nil {
+		return err
+	}
+	if err := c.waitAPI(ctx); err != nil {
+		return err
+	}
+	kcm := c.path("cp", "controller-manager.kubeconfig")
+	if err := start("kube-controller-manager",
+		"--kubeconfig="+kcm, "--authentication-kubeconfig="+kcm, "--authorization-kubeconfig="+kcm,
+		"--bind-address=127.0.0.1",
+		"--leader-elect=false",
+		"--use-service-account-credentials=true",
+		"--root-ca-file="+pki("ca.crt"),
+		"--service-account-private-key-file="+pki("sa.key"),
+		"--cluster-signing-cert-file="+pki("ca.crt"), "--cluster-signing-key-file="+pki("ca.key"),
+		"--service-cluster-ip-range="+ServiceCIDR,
+		"--cluster-cidr="+ClusterCIDR,
+		"--node-monitor-grace-period="+c.cfg.NodeMonitorGracePeriod.String(),
+	); err != nil {
+		return err
+	}
+	sched := c.path("cp", "scheduler.kubeconfig")
+	return start("kube-scheduler",
+		"--kubeconfig="+sched, "--authentication-kubeconfig="+sched, "--authorization-kubeconfig="+sched,
+		"--bind-address=127.0.0.1",
+		"--leader-elect=false",
+	)
+}
+
+// AdminRESTConfig is the admin identity, dialing the API server inside the
+// control-plane namespace directly (not through the forwarder).
+func (c *Cluster) adminREST() (*rest.Config, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.path("cp", "admin.kubeconfig"))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Dial = c.dialer.DialContext
+	cfg.Timeout = 5 * time.Second
+	return cfg, nil
+}
+
+func (c *Cluster) waitAPI(ctx context.Context) error {
+	cfg, err := c.adminREST()
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	apiserver := c.st.Processes[len(c.st.Processes)-1]
+	return poll(ctx, 2*time.Minute, 100*time.Millisecond, func(ctx context.Context) error {
+		if !apiserver.Alive() {
+			return fmt.Errorf("%w: kube-apiserver exited (see %s)", errGiveUp, apiserver.Log)
+		}
+		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err != nil {
+			return fmt.Errorf("/readyz: %w", err)
+		}
+		if string(body) != "ok" {
+			return fmt.Errorf("/readyz said %q", body)
+		}
+		return nil
+	})
+}
+
+var errGiveUp = errors.New("gave up")
+
+// poll runs check every interval until it succeeds, returns errGiveUp, or timeout.
+func poll(ctx context.Context, timeout, interval time.Duration, check func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		attempt, acancel := context.WithTimeout(ctx, 3*time.Second)
+		last = check(attempt)
+		acancel()
+		if last == nil || errors.Is(last, errGiveUp) {
+			return last
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
+		case <-time.After(interval):
+		}
+	}
+}
+
+func (c *Cluster) startRuntimes(ctx context.Context) error {
+	for i := range c.st.Nodes {
+		if err := c.startRuntime(ctx, &c.st.Nodes[i]); err != nil {
+			return fmt.Errorf("node %s: %w", c.st.Nodes[i].Name, err)
+		}
+	}
+	for i := range c.st.Nodes {
+		n := c.st.Nodes[i]
+		if err := c.waitRuntime(ctx, n); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		tars := []string{c.images.PauseTar, c.images.BusyboxTar}
+		if c.cfg.CoreDNSImageTar != "" {
+			tars = append(tars, c.cfg.CoreDNSImageTar)
+		}
+		for _, tar := range tars {
+			if err := importImage(ctx, n, tar); err != nil {
+				return fmt.Errorf("node %s: %w", n.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+func importImage(ctx context.Context, n Node, tar string) error {
+	out, err := exec.CommandContext(ctx, "ctr", "--address", strings.TrimPrefix(n.Runtime, "unix://"), "--namespace", "k8s.io", "images", "import", tar).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ctr images import %s: %w: %s", tar, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+func (c *Cluster) startRuntime(ctx context.Context, n *Node) error {
+	for _, d := range []string{"root", "state", "runc", "opt", "certs.d", "cni", "cni-ipam"} {
+		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	q := strconv.Quote
+	sock := strings.TrimPrefix(n.Runtime, "unix://")
+	cri := `[plugins."io.containerd.grpc.v1.cri"`
+	conf := fmt.Sprintf(`version = 2
+root = %s
+state = %s
+[grpc]
+  address = %s
+[ttrpc]
+  address = %s
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = %s
+  %s]
+    sandbox_image = %s
+    stream_server_address = %s
+    stream_server_port = "0"
+    disable_apparmor = true
+    restrict_oom_score_adj = true
+    netns_mounts_under_state_dir = true
+    enable_selinux = false
+  %s.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+  %s.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+  %s.containerd.runtimes.runc.options]
+    SystemdCgroup = false
+    Root = %s
+  %s.cni]
+    bin_dir = %s
+    conf_dir = %s
+    max_conf_num = 1
+  %s.registry]
+    config_path = %s
+`, q(filepath.Join(n.Dir, "root")), q(filepath.Join(n.Dir, "state")), q(sock), q(sock+".ttrpc"),
+		q(filepath.Join(n.Dir, "opt")), cri, q(c.images.Pause), q(n.IP), cri, cri, cri, q(filepath.Join(n.Dir, "runc")),
+		cri, q(cniBinDir), q(n.CNIConfig), cri, q(filepath.Join(n.Dir, "certs.d")))
+	if err := os.WriteFile(filepath.Join(n.Dir, "containerd.toml"), []byte(conf), 0o644); err != nil {
+		return err
+	}
+	// Written before containerd starts: a file moved in later was not noticed. No
+	// ipMasq: pod-to-pod traffic is routed, not masqueraded; the node's own rules are
+	// kube-proxy's.
+	cni := fmt.Sprintf(`{
+  "cniVersion": "0.4.0",
+  "name": "nodekit",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": %q}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": %q
+      }
+    }
+  ]
+}
+`, n.PodCIDR, filepath.Join(n.Dir, "cni-ipam"))
+	if err := os.WriteFile(filepath.Join(n.CNIConfig, "10-nodekit.conflist"), []byte(cni), 0o644); err != nil {
+		return err
+	}
+	crictl := fmt.Sprintf("runtime-endpoint: %s\nimage-endpoint: %s\ntimeout: 30\n", n.Runtime, n.Runtime)
+	if err := os.WriteFile(filepath.Join(n.Dir, "crictl.yaml"), []byte(crictl), 0o644); err != nil {
+		return err
+	}
+	logPath := c.path("logs", n.Name+"-containerd.log")
+	cmd, err := startIn(n.NetNS, logPath, "containerd", "--config", filepath.Join(n.Dir, "containerd.toml"))
+	if err != nil {
+		return err
+	}
+	return c.record("containerd", n.Name, logPath, cmd)
+}
+
+func (c *Cluster) waitRuntime(ctx context.Context, n Node) error {
+	var proc Process
+	for _, p := range c.st.Processes {
+		if p.Name == "containerd" && p.Node == n.Name {
+			proc = p
+		}
+	}
+	return poll(ctx, time.Minute, 50*time.Millisecond, func(ctx context.Context) error {
+		if !proc.Alive() {
+			return fmt.Errorf("%w: containerd exited (see %s)", errGiveUp, proc.Log)
+		}
+		return RuntimeReady(ctx, n.Runtime)
+	})
+}
+
+// RuntimeReady asks the CRI runtime at endpoint for Status and wants RuntimeReady.
+func RuntimeReady(ctx context.Context, endpoint string) error {
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	resp, err := runtimeapi.NewRuntimeServiceClient(conn).Status(ctx, &runtimeapi.StatusRequest{})
+	if err != nil {
+		return err
+	}
+	for _, cond := range resp.GetStatus().GetConditions() {
+		if cond.GetType() == runtimeapi.RuntimeReady && cond.GetStatus() {
+			return nil
+		}
+	}
+	return fmt.Errorf("RuntimeReady is not true: %v", resp.GetStatus())
+}
+
+// Serve runs the forwarder until ctx ends.
+func (c *Cluster) Serve(ctx context.Context) error {
+	defer c.dialer.Close()
+	return Forward(ctx, c.Listener, c.dialer, net.JoinHostPort(ControlPlaneIP, strconv.Itoa(APIServerPort)))
+}
+
+// ReadyzThroughForwarder asks /readyz the way kubectl on the machine does.
+func ReadyzThroughForwarder(ctx context.Context, kubeconfig string) error {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.Timeout = 5 * time.Second
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	if err != nil {
+		return err
+	}
+	if string(body) != "ok" {
+		return fmt.Errorf("/readyz said %q", body)
+	}
+	return nil
+}
