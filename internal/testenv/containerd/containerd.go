@@ -18,8 +18,10 @@
 // without CAP_SYS_RESOURCE). With Options.CNI a bridge + host-local conflist is written
 // before containerd starts; its /24 and bridge name are unique on the machine for the
 // run's lifetime (an flock per subnet), so parallel test binaries do not clash. The
-// bridge and the pods' veths live in the root network namespace: that is what containerd's
-// CNI does on a real node. Without Options.CNI the runtime reports NetworkReady=false,
+// bridge and the pods' veths live in the network namespace containerd runs in: the
+// root one by default (what containerd's CNI does on a real node), or, with
+// Options.NetNS, a namespace the test created, which is how the node agents' tests
+// keep node networking out of the machine's own namespace. Without Options.CNI the runtime reports NetworkReady=false,
 // as on a node whose network plugin never started. Options.Registry adds Debian's
 // docker-registry on 127.0.0.1 holding the busybox image (Options.RegistryAuth puts it
 // behind basic auth), so image pulls are real.
@@ -71,6 +73,12 @@ type Options struct {
 	// RegistryAuth makes the registry (implied) require basic auth with
 	// RegistryCredentials, so pulls without credentials fail with 401.
 	RegistryAuth bool
+	// NetNS, when set, is a path naming a network namespace the test created (for
+	// example netns.Namespace.Path()); containerd runs inside it (through nsenter
+	// --net=NetNS), so the CNI bridge, the pods' veths and their routes live there
+	// and never in the machine's own namespace. The namespace must outlive the run
+	// (create it before calling Start, so its cleanup runs after this one).
+	NetNS string
 }
 
 // The registry's fixed test credentials. The htpasswd line is a bcrypt hash (cost 4)
@@ -87,6 +95,7 @@ type Containerd struct {
 	opts    Options
 	dir     string
 	bin     string
+	nsenter string
 	config  string
 	address string
 	proc    *testenv.Process
@@ -125,6 +134,12 @@ func Start(tb testing.TB, opts Options) *Containerd {
 			if _, err := os.Stat(filepath.Join(cniBinDir, p)); err != nil {
 				testenv.Unavailable(tb, "CNI plugin %s missing in %s (apt-get install containernetworking-plugins)", p, cniBinDir)
 			}
+		}
+	}
+	if opts.NetNS != "" {
+		c.nsenter = testenv.LookPath(tb, "nsenter")
+		if _, err := os.Stat(opts.NetNS); err != nil {
+			tb.Fatalf("containerd: network namespace %s: %v", opts.NetNS, err)
 		}
 	}
 	if opts.Registry {
@@ -189,6 +204,22 @@ func (c *Containerd) PauseImage() string { return c.images.pause }
 // BusyboxImage is a busybox image already present in containerd (imported, not pulled).
 func (c *Containerd) BusyboxImage() string { return c.images.busybox }
 
+// NetNS is the network namespace containerd runs in (Options.NetNS), "" for the
+// machine's own.
+func (c *Containerd) NetNS() string { return c.opts.NetNS }
+
+// WriteCNIConfig writes the bridge conflist into containerd's CNI folder after start:
+// the recovery step of a node whose network plugin was missing. Without Options.CNI
+// the run had no subnet yet; one is picked now.
+func (c *Containerd) WriteCNIConfig() error {
+	if c.subnet == nil {
+		if err := c.pickNetwork(); err != nil {
+			return err
+		}
+	}
+	return c.writeCNIConfig()
+}
+
 // Subnet is the pods' /24 with Options.CNI, nil otherwise.
 func (c *Containerd) Subnet() *net.IPNet { return c.subnet }
 
@@ -251,7 +282,12 @@ func (c *Containerd) Restart(tb testing.TB) {
 func (c *Containerd) start(tb testing.TB) error {
 	// A socket left by a killed containerd makes the readiness check race the new one.
 	_ = os.Remove(c.address)
-	p, err := testenv.StartProcess("containerd", c.LogPath(), nil, c.bin, "--config", c.config)
+	bin, args := c.bin, []string{"--config", c.config}
+	if c.opts.NetNS != "" {
+		// nsenter execs containerd in place, so the process (and its group) is containerd.
+		bin, args = c.nsenter, append([]string{"--net=" + c.opts.NetNS, c.bin}, args...)
+	}
+	p, err := testenv.StartProcess("containerd", c.LogPath(), nil, bin, args...)
 	if err != nil {
 		return err
 	}

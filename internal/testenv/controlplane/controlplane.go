@@ -1,6 +1,6 @@
 // Package controlplane runs a real Kubernetes control plane for nodekit's tests: etcd
 // (embedded-etcd main from upstream/cmd/etcd), kube-apiserver and, when asked,
-// kube-controller-manager, all built by hack/build-peers.sh at v1.37.2 and listening on
+// kube-controller-manager and kube-scheduler, all built by hack/build-peers.sh at v1.37.2 and listening on
 // loopback at random ports.
 //
 // The API server runs with --authorization-mode=Node,RBAC and the NodeRestriction
@@ -43,6 +43,12 @@ type Options struct {
 	NodeMonitorGracePeriod time.Duration
 	// NodeMonitorPeriod is kube-controller-manager's --node-monitor-period. Zero means 1s.
 	NodeMonitorPeriod time.Duration
+	// Controllers replaces kube-controller-manager's --controllers list (for example
+	// adding deployment-controller and replicaset-controller). Empty means
+	// node-lifecycle-controller, endpointslice-controller and serviceaccount-controller.
+	Controllers []string
+	// Scheduler starts kube-scheduler, so pods without nodeName get bound.
+	Scheduler bool
 }
 
 // ServiceCIDR is the --service-cluster-ip-range the API server allocates ClusterIPs from.
@@ -57,6 +63,7 @@ type ControlPlane struct {
 	ca           *authority
 	apiPort      int
 	kcmPort      int
+	schedPort    int
 	etcdPeerPort int
 	etcdURL      string
 
@@ -67,6 +74,7 @@ type ControlPlane struct {
 	etcd      *testenv.Process
 	apiserver *testenv.Process
 	kcm       *testenv.Process
+	scheduler *testenv.Process
 }
 
 // Start starts a control plane for tb and stops it, removing all its state, on
@@ -77,6 +85,9 @@ func Start(tb testing.TB, opts Options) *ControlPlane {
 	bins := map[string]string{}
 	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager"} {
 		bins[name] = testenv.PeerBinary(tb, name)
+	}
+	if opts.Scheduler {
+		bins["kube-scheduler"] = testenv.PeerBinary(tb, "kube-scheduler")
 	}
 	if opts.NodeMonitorGracePeriod == 0 {
 		opts.NodeMonitorGracePeriod = 10 * time.Second
@@ -115,6 +126,13 @@ func Start(tb testing.TB, opts Options) *ControlPlane {
 		}
 		msg += fmt.Sprintf(", kube-controller-manager /healthz in %s", time.Since(kcmBegin).Round(time.Millisecond))
 	}
+	if opts.Scheduler {
+		schedBegin := time.Now()
+		if err := cp.startScheduler(bins["kube-scheduler"]); err != nil {
+			tb.Fatalf("control plane: %v", err)
+		}
+		msg += fmt.Sprintf(", kube-scheduler /healthz in %s", time.Since(schedBegin).Round(time.Millisecond))
+	}
 	tb.Logf("%s (total %s)", msg, time.Since(begin).Round(time.Millisecond))
 	return cp
 }
@@ -136,12 +154,12 @@ func (cp *ControlPlane) setup() error {
 	if err := writeServiceAccountKey(cp.path("sa.key")); err != nil {
 		return err
 	}
-	ports, err := testenv.FreePorts(4)
+	ports, err := testenv.FreePorts(5)
 	if err != nil {
 		return err
 	}
 	cp.etcdURL = "http://127.0.0.1:" + strconv.Itoa(ports[0])
-	cp.apiPort, cp.kcmPort = ports[2], ports[3]
+	cp.apiPort, cp.kcmPort, cp.schedPort = ports[2], ports[3], ports[4]
 
 	certPEM, keyPEM, err := ca.clientCert("nodekit-admin", "system:masters")
 	if err != nil {
@@ -303,10 +321,14 @@ func (cp *ControlPlane) startControllerManager(bin string) error {
 		"--secure-port="+strconv.Itoa(cp.kcmPort),
 		"--cert-dir="+cp.path("kcm-certs"),
 		"--leader-elect=false",
-		"--controllers=node-lifecycle-controller,endpointslice-controller,serviceaccount-controller",
+		"--controllers="+cp.controllers(),
 		"--node-monitor-period="+cp.opts.NodeMonitorPeriod.String(),
 		"--node-monitor-grace-period="+cp.opts.NodeMonitorGracePeriod.String(),
 		"--service-account-private-key-file="+cp.path("sa.key"),
+		// The root CA the root-ca-certificate-publisher puts in kube-root-ca.crt
+		// (without it the kubeconfig's CA, a file here, is not read and pods'
+		// projected ca.crt comes out empty).
+		"--root-ca-file="+filepath.Join(cp.dir, "apiserver-certs", "apiserver.crt"),
 	)
 	if err != nil {
 		return err
@@ -321,6 +343,66 @@ func (cp *ControlPlane) startControllerManager(bin string) error {
 	hc := healthClient()
 	url := "https://127.0.0.1:" + strconv.Itoa(cp.kcmPort) + "/healthz"
 	return p.WaitFor(ctx, 100*time.Millisecond, func(ctx context.Context) error { return getOK(ctx, hc, url) })
+}
+
+func (cp *ControlPlane) controllers() string {
+	if len(cp.opts.Controllers) > 0 {
+		return strings.Join(cp.opts.Controllers, ",")
+	}
+	return "node-lifecycle-controller,endpointslice-controller,serviceaccount-controller"
+}
+
+func (cp *ControlPlane) startScheduler(bin string) error {
+	kubeconfig := cp.path("admin.kubeconfig")
+	p, err := testenv.StartProcess("kube-scheduler", cp.path("logs/kube-scheduler.log"), nil, bin,
+		"--kubeconfig="+kubeconfig,
+		"--authentication-kubeconfig="+kubeconfig,
+		"--authorization-kubeconfig="+kubeconfig,
+		"--bind-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(cp.schedPort),
+		"--cert-dir="+cp.path("scheduler-certs"),
+		"--leader-elect=false",
+	)
+	if err != nil {
+		return err
+	}
+	cp.mu.Lock()
+	cp.scheduler = p
+	cp.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	hc := healthClient()
+	url := "https://127.0.0.1:" + strconv.Itoa(cp.schedPort) + "/healthz"
+	return p.WaitFor(ctx, 100*time.Millisecond, func(ctx context.Context) error { return getOK(ctx, hc, url) })
+}
+
+// AdminKubeconfig is the path of a kubeconfig file in system:masters (for kubectl).
+func (cp *ControlPlane) AdminKubeconfig() string { return cp.path("admin.kubeconfig") }
+
+// WriteNodeKubeconfig writes a kubeconfig with nodeName's kubelet identity
+// (system:node:NAME in system:nodes) to path. server replaces the API server's URL
+// when set: a forwarder in front of it must present the same name (127.0.0.1), as
+// the serving certificate is verified.
+func (cp *ControlPlane) WriteNodeKubeconfig(tb testing.TB, path, nodeName, server string) {
+	tb.Helper()
+	certPEM, keyPEM, err := cp.ca.clientCert("system:node:"+nodeName, "system:nodes")
+	if err != nil {
+		tb.Fatalf("control plane: node certificate for %s: %v", nodeName, err)
+	}
+	if server == "" {
+		server = cp.URL()
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["test"] = &clientcmdapi.Cluster{
+		Server:               server,
+		CertificateAuthority: filepath.Join(cp.dir, "apiserver-certs", "apiserver.crt"),
+	}
+	cfg.AuthInfos["node"] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "node"}
+	cfg.CurrentContext = "test"
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		tb.Fatalf("control plane: write node kubeconfig: %v", err)
+	}
 }
 
 // AdminConfig is a client configuration in system:masters.
@@ -408,8 +490,8 @@ func (cp *ControlPlane) StartControllerManager(tb testing.TB) {
 
 func (cp *ControlPlane) stop() {
 	cp.mu.Lock()
-	procs := []*testenv.Process{cp.kcm, cp.apiserver, cp.etcd}
-	cp.kcm, cp.apiserver, cp.etcd = nil, nil, nil
+	procs := []*testenv.Process{cp.scheduler, cp.kcm, cp.apiserver, cp.etcd}
+	cp.scheduler, cp.kcm, cp.apiserver, cp.etcd = nil, nil, nil, nil
 	cp.mu.Unlock()
 	for _, p := range procs {
 		if p != nil {

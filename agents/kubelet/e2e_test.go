@@ -1,0 +1,502 @@
+package main_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/nodekit-dev/nodekit/cri"
+	"github.com/nodekit-dev/nodekit/internal/testenv"
+	"github.com/nodekit-dev/nodekit/internal/testenv/containerd"
+	"github.com/nodekit-dev/nodekit/internal/testenv/controlplane"
+	"github.com/nodekit-dev/nodekit/internal/testenv/netns"
+)
+
+// kubeletBin is the agent's binary, built once by TestMain: the real-parts tests run
+// the kubelet as operators do, as a process.
+var kubeletBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "nk-kubelet-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	kubeletBin = filepath.Join(dir, "kubelet")
+	if out, err := exec.Command("go", "build", "-o", kubeletBin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build the kubelet: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// testNode is one node: a network namespace (from netns) holding containerd's CNI
+// bridge and the kubelet, which reaches the API server through a forwarder on the
+// namespace's own loopback.
+type testNode struct {
+	name    string
+	cp      *controlplane.ControlPlane
+	env     *netns.Env
+	ctd     *containerd.Containerd
+	dir     string
+	args    []string
+	kubelet *testenv.Process
+	admin   kubernetes.Interface
+	runtime *cri.Client
+}
+
+const nodeConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+nodeStatusUpdateFrequency: 2s
+nodeLeaseDurationSeconds: 8
+clusterDomain: cluster.local
+clusterDNS: [10.96.0.10]
+syncFrequency: 10s
+`
+
+func startNode(t *testing.T, cp *controlplane.ControlPlane, name string, cni bool) *testNode {
+	t.Helper()
+	testenv.RequireRoot(t)
+	n := &testNode{name: name, cp: cp, admin: cp.AdminClient()}
+	n.env = netns.New(t, netns.Config{Pods: 1})
+	n.ctd = containerd.Start(t, containerd.Options{CNI: cni, NetNS: n.env.Node.Path()})
+	conn := n.ctd.Conn(t)
+	rt, err := cri.NewWithConn(context.Background(), conn, cri.Config{})
+	require.NoError(t, err)
+	n.runtime = rt
+	fwd := n.env.Node.Forward(t, strings.TrimPrefix(cp.URL(), "https://"))
+	dir, err := os.MkdirTemp("", "nk-kubelet-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	n.dir = dir
+	cp.WriteNodeKubeconfig(t, filepath.Join(dir, "kubeconfig"), name, "https://"+fwd)
+	cfg := nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\n", filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "manifests"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cfg), 0o600))
+	n.args = []string{
+		"--net=" + n.env.Node.Path(), kubeletBin,
+		"--config=" + filepath.Join(dir, "config.yaml"),
+		"--kubeconfig=" + filepath.Join(dir, "kubeconfig"),
+		"--hostname-override=" + name,
+		"--node-ip=" + n.env.NodeIP.String(),
+		"--root-dir=" + filepath.Join(dir, "root"),
+		"--container-runtime-endpoint=" + n.ctd.Endpoint(),
+		"--node-labels=nodekit.dev/test=" + name,
+		"-v=" + verbosity(),
+	}
+	n.startKubelet(t)
+	// Registered after containerd's, so it runs first: the kubelet stops before
+	// containerd and the namespace go away.
+	t.Cleanup(func() {
+		if n.kubelet != nil {
+			n.kubelet.Stop(10 * time.Second)
+			if t.Failed() {
+				t.Logf("--- kubelet log tail ---\n%s", n.kubelet.Tail(6000))
+			}
+			// NODEKIT_KUBELET_LOGDIR keeps the whole kubelet log for debugging.
+			if d := os.Getenv("NODEKIT_KUBELET_LOGDIR"); d != "" {
+				if b, err := os.ReadFile(filepath.Join(dir, "kubelet.log")); err == nil {
+					_ = os.WriteFile(filepath.Join(d, name+".log"), b, 0o644)
+				}
+			}
+		}
+	})
+	return n
+}
+
+// verbosity is the kubelet's -v in these tests: NODEKIT_KUBELET_V, default 2.
+func verbosity() string {
+	if v := os.Getenv("NODEKIT_KUBELET_V"); v != "" {
+		return v
+	}
+	return "2"
+}
+
+func (n *testNode) startKubelet(t *testing.T) {
+	t.Helper()
+	p, err := testenv.StartProcess("kubelet", filepath.Join(n.dir, "kubelet.log"), nil, testenv.LookPath(t, "nsenter"), n.args...)
+	require.NoError(t, err)
+	n.kubelet = p
+}
+
+func (n *testNode) stopKubelet() {
+	n.kubelet.Stop(10 * time.Second)
+}
+
+func (n *testNode) log(t *testing.T) string {
+	b, err := os.ReadFile(filepath.Join(n.dir, "kubelet.log"))
+	require.NoError(t, err)
+	return string(b)
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, check func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		ok, state := check()
+		if ok {
+			return
+		}
+		last = state
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s; last state: %s", timeout, what, last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func nodeCondition(node *corev1.Node, t corev1.NodeConditionType) corev1.NodeCondition {
+	for _, c := range node.Status.Conditions {
+		if c.Type == t {
+			return c
+		}
+	}
+	return corev1.NodeCondition{}
+}
+
+func (n *testNode) waitReady(t *testing.T, status corev1.ConditionStatus, timeout time.Duration) *corev1.Node {
+	t.Helper()
+	var node *corev1.Node
+	eventually(t, timeout, fmt.Sprintf("node %s Ready=%s", n.name, status), func() (bool, string) {
+		got, err := n.admin.CoreV1().Nodes().Get(context.Background(), n.name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		node = got
+		c := nodeCondition(got, corev1.NodeReady)
+		return c.Status == status, fmt.Sprintf("%+v", c)
+	})
+	return node
+}
+
+func kubectl(t *testing.T, cp *controlplane.ControlPlane, args ...string) string {
+	t.Helper()
+	bin := testenv.PeerBinary(t, "kubectl")
+	out, err := exec.Command(bin, append([]string{"--kubeconfig", cp.AdminKubeconfig()}, args...)...).CombinedOutput()
+	require.NoError(t, err, "kubectl %s: %s", strings.Join(args, " "), out)
+	return string(out)
+}
+
+func hostOSImage(t *testing.T) string {
+	b, err := os.ReadFile("/etc/os-release")
+	require.NoError(t, err)
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "PRETTY_NAME="); ok {
+			return strings.Trim(v, `"`)
+		}
+	}
+	return "Linux"
+}
+
+func kernelRelease(t *testing.T) string {
+	var u unix.Utsname
+	require.NoError(t, unix.Uname(&u))
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+func busyboxPod(name, image string, restart corev1.RestartPolicy, script string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 restart,
+			AutomountServiceAccountToken:  new(bool),
+			TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{
+				Name: "main", Image: image, ImagePullPolicy: corev1.PullIfNotPresent,
+				Command: []string{"sh", "-c", script},
+			}},
+		},
+	}
+}
+
+func (n *testNode) createPod(t *testing.T, pod *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	pod.Spec.NodeName = n.name
+	got, err := n.admin.CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{})
+	require.NoError(t, err)
+	return got
+}
+
+func (n *testNode) waitPod(t *testing.T, name string, timeout time.Duration, what string, ok func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	eventually(t, timeout, "pod "+name+" "+what, func() (bool, string) {
+		p, err := n.admin.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		pod = p
+		return ok(p), fmt.Sprintf("phase=%s conditions=%+v containers=%+v", p.Status.Phase, p.Status.Conditions, p.Status.ContainerStatuses)
+	})
+	return pod
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// runtimeContainers lists the runtime's containers of a pod, as crictl ps -a would.
+func (n *testNode) runtimeContainers(t *testing.T, uid types.UID) []*runtimeapi.Container {
+	t.Helper()
+	cs, err := n.runtime.ListContainers(context.Background(), &runtimeapi.ContainerFilter{
+		LabelSelector: map[string]string{cri.LabelPodUID: string(uid)},
+	})
+	require.NoError(t, err)
+	return cs
+}
+
+// TestKubeletNode runs the agent as its binary against a real control plane and a
+// real containerd whose networking lives in a test-made namespace, and checks what
+// kubectl and the runtime see: the node, pods through their lifecycle, and what
+// stopping and restarting the agent does and does not do.
+func TestKubeletNode(t *testing.T) {
+	testenv.RequireLong(t)
+	testenv.RequireRoot(t)
+	cp := controlplane.Start(t, controlplane.Options{ControllerManager: true})
+	n := startNode(t, cp, "nk-node-a", true)
+	image := n.ctd.BusyboxImage()
+
+	t.Run("node Ready in kubectl get nodes -o wide", func(t *testing.T) {
+		node := n.waitReady(t, corev1.ConditionTrue, 60*time.Second)
+		ready := nodeCondition(node, corev1.NodeReady)
+		assert.Equal(t, "KubeletReady", ready.Reason)
+		assert.Equal(t, "kubelet is posting ready status", ready.Message)
+		assert.Equal(t, "v1.37.2+nodekit", node.Status.NodeInfo.KubeletVersion)
+		assert.Equal(t, "nk-node-a", node.Labels["nodekit.dev/test"])
+
+		out := kubectl(t, cp, "get", "nodes", "-o", "wide")
+		t.Logf("kubectl get nodes -o wide:\n%s", out)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		require.Len(t, lines, 2)
+		header := strings.Fields(lines[0])
+		assert.Equal(t, []string{"NAME", "STATUS", "ROLES", "AGE", "VERSION", "INTERNAL-IP", "EXTERNAL-IP", "OS-IMAGE", "KERNEL-VERSION", "CONTAINER-RUNTIME"}, header)
+		row := lines[1]
+		assert.True(t, strings.HasPrefix(row, "nk-node-a "), row)
+		assert.Contains(t, row, " Ready ")
+		assert.Contains(t, row, " v1.37.2+nodekit ")
+		assert.Contains(t, row, " "+n.env.NodeIP.String()+" ")
+		assert.Contains(t, row, hostOSImage(t))
+		assert.Contains(t, row, kernelRelease(t))
+		assert.Regexp(t, `containerd://1\.6\.20\S*$`, row)
+
+		// The heartbeat Lease, and /healthz and /metrics on the node's loopback.
+		l, err := n.admin.CoordinationV1().Leases("kube-node-lease").Get(context.Background(), n.name, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, n.name, *l.Spec.HolderIdentity)
+		assert.Equal(t, int32(8), *l.Spec.LeaseDurationSeconds)
+		hc := n.env.Node.HTTPClient(5 * time.Second)
+		body := httpGet(t, hc, "http://127.0.0.1:10248/healthz")
+		assert.Equal(t, "ok", body)
+		metrics := httpGet(t, hc, "http://127.0.0.1:10248/metrics")
+		assert.Contains(t, metrics, `kubelet_node_name{node="nk-node-a"} 1`)
+	})
+
+	var runningUID types.UID
+	var runningContainerID string
+	t.Run("a pod runs and reads Running and Ready", func(t *testing.T) {
+		p := n.createPod(t, busyboxPod("web", image, corev1.RestartPolicyAlways, "sleep 3600"))
+		got := n.waitPod(t, "web", 60*time.Second, "Running and Ready", func(p *corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodRunning && podReady(p)
+		})
+		runningUID = p.UID
+		require.Len(t, got.Status.ContainerStatuses, 1)
+		cs := got.Status.ContainerStatuses[0]
+		assert.True(t, strings.HasPrefix(cs.ContainerID, "containerd://"), cs.ContainerID)
+		runningContainerID = strings.TrimPrefix(cs.ContainerID, "containerd://")
+		assert.NotNil(t, cs.State.Running)
+		assert.True(t, cs.Ready)
+		assert.Equal(t, int32(0), cs.RestartCount)
+		assert.NotEmpty(t, got.Status.PodIP)
+		assert.True(t, n.ctd.Subnet().Contains(netIP(got.Status.PodIP)), "pod IP %s from the CNI bridge's %s", got.Status.PodIP, n.ctd.Subnet())
+		assert.Equal(t, n.env.NodeIP.String(), got.Status.HostIP)
+		assert.Equal(t, corev1.PodQOSBestEffort, got.Status.QOSClass)
+
+		out := kubectl(t, cp, "get", "pod", "web", "--no-headers")
+		assert.Regexp(t, `^web\s+1/1\s+Running\s+0\s`, out)
+		events := kubectl(t, cp, "get", "events", "--field-selector", "involvedObject.name=web", "-o", "custom-columns=REASON:.reason", "--no-headers")
+		for _, reason := range []string{"Pulled", "Created", "Started"} {
+			assert.Contains(t, events, reason)
+		}
+		// crictl's view: the sandbox and container carry the kubelet's names.
+		sbs, err := n.runtime.ListPodSandbox(context.Background(), &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{cri.LabelPodUID: string(p.UID)}})
+		require.NoError(t, err)
+		require.Len(t, sbs, 1)
+		assert.Equal(t, "web", sbs[0].GetMetadata().GetName())
+		assert.Equal(t, "default", sbs[0].GetMetadata().GetNamespace())
+	})
+
+	t.Run("restartPolicy Never gives Succeeded and Failed with exit codes", func(t *testing.T) {
+		n.createPod(t, busyboxPod("ok", image, corev1.RestartPolicyNever, "exit 0"))
+		n.createPod(t, busyboxPod("bad", image, corev1.RestartPolicyNever, "echo broken >/dev/termination-log; exit 3"))
+		ok := n.waitPod(t, "ok", 60*time.Second, "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+		term := ok.Status.ContainerStatuses[0].State.Terminated
+		require.NotNil(t, term)
+		assert.Equal(t, int32(0), term.ExitCode)
+		assert.Equal(t, "Completed", term.Reason)
+		bad := n.waitPod(t, "bad", 60*time.Second, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+		term = bad.Status.ContainerStatuses[0].State.Terminated
+		require.NotNil(t, term)
+		assert.Equal(t, int32(3), term.ExitCode)
+		assert.Equal(t, "Error", term.Reason)
+		assert.Equal(t, "broken\n", term.Message, "termination message from terminationMessagePath")
+		out := kubectl(t, cp, "get", "pods", "ok", "bad", "--no-headers")
+		assert.Regexp(t, `(?m)^ok\s+0/1\s+Completed\s+0\s`, out)
+		assert.Regexp(t, `(?m)^bad\s+0/1\s+Error\s+0\s`, out)
+	})
+
+	t.Run("a crashing container shows CrashLoopBackOff", func(t *testing.T) {
+		n.createPod(t, busyboxPod("crash", image, corev1.RestartPolicyAlways, "exit 1"))
+		got := n.waitPod(t, "crash", 90*time.Second, "in CrashLoopBackOff after a restart", func(p *corev1.Pod) bool {
+			if len(p.Status.ContainerStatuses) == 0 {
+				return false
+			}
+			cs := p.Status.ContainerStatuses[0]
+			return cs.RestartCount >= 1 && cs.State.Waiting != nil && cs.State.Waiting.Reason == "CrashLoopBackOff"
+		})
+		cs := got.Status.ContainerStatuses[0]
+		assert.Contains(t, cs.State.Waiting.Message, "back-off")
+		require.NotNil(t, cs.LastTerminationState.Terminated)
+		assert.Equal(t, int32(1), cs.LastTerminationState.Terminated.ExitCode)
+		out := kubectl(t, cp, "get", "pod", "crash", "--no-headers")
+		assert.Regexp(t, `^crash\s+0/1\s+CrashLoopBackOff\s+\d+`, out)
+		events := kubectl(t, cp, "get", "events", "--field-selector", "involvedObject.name=crash", "-o", "custom-columns=REASON:.reason", "--no-headers")
+		assert.Contains(t, events, "BackOff")
+	})
+
+	t.Run("agent stopped: node Unknown while the container keeps running; restarted: nothing restarts", func(t *testing.T) {
+		require.NotEmpty(t, runningContainerID)
+		crash, err := n.admin.CoreV1().Pods("default").Get(context.Background(), "crash", metav1.GetOptions{})
+		require.NoError(t, err)
+		crashRestarts := crash.Status.ContainerStatuses[0].RestartCount
+
+		n.stopKubelet()
+		stopped := time.Now()
+		eventually(t, 40*time.Second, "node Ready=Unknown", func() (bool, string) {
+			node, err := n.admin.CoreV1().Nodes().Get(context.Background(), n.name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			c := nodeCondition(node, corev1.NodeReady)
+			return c.Status == corev1.ConditionUnknown, fmt.Sprintf("%+v", c)
+		})
+		t.Logf("node Unknown %s after the kubelet stopped", time.Since(stopped).Round(100*time.Millisecond))
+		node, err := n.admin.CoreV1().Nodes().Get(context.Background(), n.name, metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, "NodeStatusUnknown", nodeCondition(node, corev1.NodeReady).Reason)
+		assert.Equal(t, "Kubelet stopped posting node status.", nodeCondition(node, corev1.NodeReady).Message)
+		st, err := n.runtime.ContainerStatus(context.Background(), runningContainerID)
+		require.NoError(t, err)
+		assert.Equal(t, runtimeapi.ContainerState_CONTAINER_RUNNING, st.GetState(), "the pod's container keeps running without its kubelet")
+
+		n.startKubelet(t)
+		n.waitReady(t, corev1.ConditionTrue, 60*time.Second)
+		// Give the restarted agent a few sync rounds to (wrongly) touch anything.
+		time.Sleep(5 * time.Second)
+		web := n.waitPod(t, "web", 30*time.Second, "Running and Ready again", func(p *corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodRunning && podReady(p)
+		})
+		cs := web.Status.ContainerStatuses[0]
+		assert.Equal(t, "containerd://"+runningContainerID, cs.ContainerID, "the same container, adopted")
+		assert.Equal(t, int32(0), cs.RestartCount)
+		assert.Len(t, n.runtimeContainers(t, runningUID), 1, "no new container was made")
+		st, err = n.runtime.ContainerStatus(context.Background(), runningContainerID)
+		require.NoError(t, err)
+		assert.Equal(t, runtimeapi.ContainerState_CONTAINER_RUNNING, st.GetState())
+		crash, err = n.admin.CoreV1().Pods("default").Get(context.Background(), "crash", metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.GreaterOrEqual(t, crash.Status.ContainerStatuses[0].RestartCount, crashRestarts, "restart count not reset")
+	})
+}
+
+func httpGet(t *testing.T, c interface {
+	Get(string) (*http.Response, error)
+}, url string) string {
+	t.Helper()
+	resp, err := c.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", url, b)
+	return string(b)
+}
+
+func netIP(s string) net.IP { return net.ParseIP(s) }
+
+// The seed's story: a node whose network plugin never started is NotReady with the
+// runtime's own words, in the API and in the kubelet's log; installing the plugin
+// brings it back Ready on its own; losing it again logs "Node became not ready".
+func TestKubeletNodeNotReadyWithoutCNI(t *testing.T) {
+	testenv.RequireLong(t)
+	testenv.RequireRoot(t)
+	cp := controlplane.Start(t, controlplane.Options{})
+	n := startNode(t, cp, "nk-nocni", false)
+	const seedMessage = "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized"
+	const seedLog = `"Container runtime network not ready" networkReady="NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized"`
+
+	node := n.waitReady(t, corev1.ConditionFalse, 60*time.Second)
+	ready := nodeCondition(node, corev1.NodeReady)
+	assert.Equal(t, "KubeletNotReady", ready.Reason)
+	assert.Equal(t, seedMessage, ready.Message)
+	assert.Contains(t, n.log(t), seedLog)
+	out := kubectl(t, cp, "get", "node", n.name, "--no-headers")
+	assert.Regexp(t, `^nk-nocni\s+NotReady\s`, out)
+
+	require.NoError(t, n.ctd.WriteCNIConfig())
+	eventually(t, 60*time.Second, "node Ready after the CNI config appeared", func() (bool, string) {
+		got, err := n.admin.CoreV1().Nodes().Get(context.Background(), n.name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		c := nodeCondition(got, corev1.NodeReady)
+		return c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v", c)
+	})
+	t.Log("node Ready on its own once the CNI config was written")
+
+	// The network plugin goes away (containerd restarts without its config): the
+	// node goes NotReady again and the kubelet logs the transition, as in the seed.
+	n.ctd.Kill()
+	require.NoError(t, os.Remove(filepath.Join(n.ctd.Dir(), "cni", "10-nodekit.conflist")))
+	n.ctd.Restart(t)
+	node = n.waitReady(t, corev1.ConditionFalse, 60*time.Second)
+	assert.Equal(t, seedMessage, nodeCondition(node, corev1.NodeReady).Message)
+	eventually(t, 10*time.Second, "the Node became not ready log line", func() (bool, string) {
+		l := n.log(t)
+		return strings.Contains(l, `"Node became not ready" node="nk-nocni" condition={"Type":"Ready","Status":"False"`) &&
+			strings.Contains(l, `"Reason":"KubeletNotReady","Message":"`+seedMessage+`"}`), "not logged yet"
+	})
+	events := kubectl(t, cp, "get", "events", "--field-selector", "involvedObject.name=nk-nocni", "-o", "custom-columns=REASON:.reason", "--no-headers")
+	assert.Contains(t, events, "NodeNotReady")
+	assert.Contains(t, events, "NodeReady")
+}
