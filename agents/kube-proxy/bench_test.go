@@ -1,0 +1,441 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/nodekit-dev/nodekit/internal/testenv"
+	"github.com/nodekit-dev/nodekit/internal/testenv/controlplane"
+	"github.com/nodekit-dev/nodekit/internal/testenv/netns"
+)
+
+// BenchmarkVersusUpstream runs nodekit's kube-proxy and the real kube-proxy
+// v1.37.2 side by side, both in nftables mode with upstream defaults, against one
+// API server, each writing into its own network namespace. It measures the time
+// from start to the first full sync in the kernel (each agent alone), then, with
+// both running, the time from an EndpointSlice write to the new endpoint being in
+// each kernel under a steady churn, and each agent's CPU seconds over the churn
+// and peak RSS. NODEKIT_BENCH_SERVICES (default 1000, 10 endpoints each),
+// NODEKIT_BENCH_RATE (changes per second, default 20) and NODEKIT_BENCH_SECONDS
+// (default 60) size it. It runs once whatever b.N is.
+func BenchmarkVersusUpstream(b *testing.B) {
+	testenv.RequireRoot(b)
+	upstreamBin := testenv.PeerBinary(b, "kube-proxy")
+	services := envInt("NODEKIT_BENCH_SERVICES", 1000)
+	rate := envInt("NODEKIT_BENCH_RATE", 20)
+	seconds := envInt("NODEKIT_BENCH_SECONDS", 60)
+
+	cp := controlplane.Start(b, controlplane.Options{})
+	client := cp.AdminClient()
+	ns := "bench"
+	_, err := client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	require.NoError(b, err)
+	t0 := time.Now()
+	eps := createServices(b, client, ns, services)
+	b.Logf("created %d services with 10 endpoints each in %v", services, time.Since(t0))
+
+	nk := newBenchNode(b, cp, "bench-nodekit", "nodekit")
+	up := newBenchNode(b, cp, "bench-upstream", "upstream")
+
+	// First full sync, each agent alone.
+	nk.start(b, agentBin, []string{
+		"--kubeconfig=" + writeKubeconfig(b, cp.AdminConfig()), "--hostname-override=" + nk.name,
+		"--proxy-mode=nftables", "--netns=" + nk.env.Node.Path(), "--cluster-cidr=10.244.0.0/16",
+		"--healthz-bind-address=127.0.0.1:" + freePort(b), "--metrics-bind-address=127.0.0.1:" + freePort(b),
+	}, false)
+	nkFirst := nk.waitServices(b, services)
+	relay := relayAPI(b, up.env.Node, cp.URL())
+	upCfg := cp.AdminConfig()
+	upCfg.Host = "https://" + relay
+	up.start(b, upstreamBin, []string{
+		"--kubeconfig=" + writeKubeconfig(b, upCfg), "--hostname-override=" + up.name,
+		"--proxy-mode=nftables", "--cluster-cidr=10.244.0.0/16", "--conntrack-max-per-core=0",
+		"--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249",
+	}, true)
+	upFirst := up.waitServices(b, services)
+	b.Logf("first full sync in the kernel at %d services: nodekit %v, kube-proxy %v", services, nkFirst, upFirst)
+
+	// Churn with both running.
+	nkCPU0, upCPU0 := nk.cpu(b), up.cpu(b)
+	var mu sync.Mutex
+	type change struct {
+		svc int
+		ip  netip.Addr
+		at  time.Time
+	}
+	var pending []change
+	nkLat, upLat := []time.Duration{}, []time.Duration{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	watch := func(n *benchNode, lat *[]time.Duration, seen map[netip.Addr]bool) {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			mu.Lock()
+			todo := slices.Clone(pending)
+			mu.Unlock()
+			var want []change
+			for _, c := range todo {
+				if !seen[c.ip] {
+					want = append(want, c)
+				}
+			}
+			if len(want) == 0 {
+				continue
+			}
+			present := n.present(b, func(yield func(int, netip.Addr) bool) {
+				for _, c := range want {
+					if !yield(c.svc, c.ip) {
+						return
+					}
+				}
+			})
+			now := time.Now()
+			for _, c := range want {
+				if present[c.ip] {
+					seen[c.ip] = true
+					*lat = append(*lat, now.Sub(c.at))
+				}
+			}
+		}
+	}
+	wg.Add(2)
+	go watch(nk, &nkLat, map[netip.Addr]bool{})
+	go watch(up, &upLat, map[netip.Addr]bool{})
+
+	total := rate * seconds
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	for i := range total {
+		<-tick.C
+		svc := (i * 7919) % services
+		es := eps[svc]
+		ip := netip.AddrFrom4([4]byte{10, 250, byte(i >> 8), byte(i)})
+		es.Endpoints[i%len(es.Endpoints)].Addresses = []string{ip.String()}
+		at := time.Now()
+		updated, err := client.DiscoveryV1().EndpointSlices(ns).Update(context.Background(), es, metav1.UpdateOptions{})
+		require.NoError(b, err)
+		eps[svc] = updated
+		mu.Lock()
+		pending = append(pending, change{svc, ip, at})
+		mu.Unlock()
+	}
+	tick.Stop()
+	// Let the last changes land, then stop watching.
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		done := len(nkLat) >= total && len(upLat) >= total
+		mu.Unlock()
+		if done {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	nkCPU, upCPU := nk.cpu(b)-nkCPU0, up.cpu(b)-upCPU0
+	p := func(l []time.Duration, q float64) time.Duration {
+		if len(l) == 0 {
+			return 0
+		}
+		s := slices.Clone(l)
+		slices.Sort(s)
+		return s[int(q*float64(len(s)-1))]
+	}
+	b.Logf("churn %d changes/s for %ds at %d services (API write to element in the kernel):", rate, seconds, services)
+	b.Logf("  nodekit:    seen %d/%d p50 %v p99 %v cpu %.2fs peak RSS %d MiB", len(nkLat), total, p(nkLat, .5), p(nkLat, .99), nkCPU, nk.peakRSS(b)>>20)
+	b.Logf("  kube-proxy: seen %d/%d p50 %v p99 %v cpu %.2fs peak RSS %d MiB", len(upLat), total, p(upLat, .5), p(upLat, .99), upCPU, up.peakRSS(b)>>20)
+	b.ReportMetric(nkFirst.Seconds(), "nodekit-first-sync-s")
+	b.ReportMetric(upFirst.Seconds(), "kube-proxy-first-sync-s")
+	b.ReportMetric(p(nkLat, .5).Seconds(), "nodekit-p50-s")
+	b.ReportMetric(p(upLat, .5).Seconds(), "kube-proxy-p50-s")
+	b.ReportMetric(p(nkLat, .99).Seconds(), "nodekit-p99-s")
+	b.ReportMetric(p(upLat, .99).Seconds(), "kube-proxy-p99-s")
+	b.ReportMetric(nkCPU, "nodekit-cpu-s")
+	b.ReportMetric(upCPU, "kube-proxy-cpu-s")
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func freePort(tb testing.TB) string {
+	ports, err := testenv.FreePorts(1)
+	require.NoError(tb, err)
+	return strconv.Itoa(ports[0])
+}
+
+// createServices makes n selector-less Services, each with one EndpointSlice of
+// 10 ready endpoints, and returns the slices.
+func createServices(tb testing.TB, client kubernetes.Interface, ns string, n int) []*discoveryv1.EndpointSlice {
+	out := make([]*discoveryv1.EndpointSlice, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	work := make(chan int)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				name := fmt.Sprintf("svc-%05d", i)
+				ctx := context.Background()
+				_, err := client.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+					ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+					Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "p", Port: 80, Protocol: corev1.ProtocolTCP}}},
+				}, metav1.CreateOptions{})
+				if err != nil {
+					errs <- err
+					continue
+				}
+				es := &discoveryv1.EndpointSlice{
+					ObjectMeta:  metav1.ObjectMeta{Name: name + "-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+					AddressType: discoveryv1.AddressTypeIPv4,
+					Ports:       []discoveryv1.EndpointPort{{Name: new("p"), Port: new(int32(8080)), Protocol: new(corev1.ProtocolTCP)}},
+				}
+				for j := range 10 {
+					es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+						Addresses: []string{fmt.Sprintf("10.%d.%d.%d", 100+j, i/256%256, i%256)},
+					})
+				}
+				created, err := client.DiscoveryV1().EndpointSlices(ns).Create(ctx, es, metav1.CreateOptions{})
+				if err != nil {
+					errs <- err
+					continue
+				}
+				out[i] = created
+			}
+		}()
+	}
+	for i := range n {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(tb, err)
+	}
+	return out
+}
+
+// benchNode is one agent writing into its own network-namespace node.
+type benchNode struct {
+	name, kind string
+	env        *netns.Env
+	cmd        *exec.Cmd
+	started    time.Time
+}
+
+func newBenchNode(b *testing.B, cp *controlplane.ControlPlane, name, kind string) *benchNode {
+	n := &benchNode{name: name, kind: kind, env: netns.New(b, netns.Config{Pods: 1})}
+	cp.CreateNode(b, name)
+	client := cp.AdminClient()
+	require.NoError(b, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.env.NodeIP.String()}}
+		_, err = client.CoreV1().Nodes().UpdateStatus(context.Background(), node, metav1.UpdateOptions{})
+		return err
+	}))
+	return n
+}
+
+// start runs the agent; inNS starts it inside the node namespace (the upstream
+// binary has no --netns).
+func (n *benchNode) start(b *testing.B, bin string, args []string, inNS bool) {
+	log, err := os.Create(filepath.Join(b.TempDir(), n.kind+".log"))
+	require.NoError(b, err)
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	n.started = time.Now()
+	if inNS {
+		require.NoError(b, n.env.Node.Start(cmd))
+	} else {
+		require.NoError(b, cmd.Start())
+	}
+	n.cmd = cmd
+	b.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = log.Close()
+	})
+}
+
+func (n *benchNode) conn(b *testing.B) *nftables.Conn {
+	c, err := nftables.New(nftables.WithNetNSFd(n.env.Node.FD()))
+	require.NoError(b, err)
+	return c
+}
+
+// waitServices waits until the kernel's service-ips map holds services entries
+// and returns the time since start.
+func (n *benchNode) waitServices(b *testing.B, services int) time.Duration {
+	c := n.conn(b)
+	defer c.CloseLasting()
+	table := &nftables.Table{Name: "kube-proxy", Family: nftables.TableFamilyIPv4}
+	deadline := time.Now().Add(10 * time.Minute)
+	for time.Now().Before(deadline) {
+		if set, err := c.GetSetByName(table, "service-ips"); err == nil {
+			if elems, err := c.GetSetElements(set); err == nil && len(elems) >= services {
+				return time.Since(n.started)
+			}
+		}
+		if n.cmd.ProcessState != nil {
+			b.Fatalf("%s exited", n.kind)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.Fatalf("%s: no full sync in 10 minutes", n.kind)
+	return 0
+}
+
+// present reports which of the wanted endpoint addresses the kernel steers to,
+// from the service's chain: nodekit DNATs to each endpoint in a rule of its own,
+// kube-proxy through an anonymous map the chain's rule looks up.
+func (n *benchNode) present(b *testing.B, want func(func(int, netip.Addr) bool)) map[netip.Addr]bool {
+	c := n.conn(b)
+	defer c.CloseLasting()
+	out := map[netip.Addr]bool{}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		if os.Getenv("NODEKIT_BENCH_DEBUG") != "" {
+			b.Logf("%s: listing chains: %v", n.kind, err)
+		}
+		return out
+	}
+	if os.Getenv("NODEKIT_BENCH_DEBUG") != "" && len(chains) > 0 {
+		b.Logf("%s: %d chains, last %q", n.kind, len(chains), chains[len(chains)-1].Name)
+	}
+	byService := map[string]*nftables.Chain{}
+	for _, ch := range chains {
+		if strings.HasPrefix(ch.Name, "service-") {
+			if i := strings.Index(ch.Name, "/svc-"); i >= 0 {
+				byService[ch.Name[i+1:i+10]] = ch
+			}
+		}
+	}
+	want(func(svc int, ip netip.Addr) bool {
+		ch := byService[fmt.Sprintf("svc-%05d", svc)]
+		if ch == nil {
+			return true
+		}
+		rules, err := c.GetRules(ch.Table, ch)
+		if err != nil {
+			return true
+		}
+		raw := ip.AsSlice()
+		for _, r := range rules {
+			for _, e := range r.Exprs {
+				switch e := e.(type) {
+				case *expr.Immediate: // nodekit: one dnat rule per endpoint
+					if bytes.Equal(e.Data, raw) {
+						out[ip] = true
+					}
+				case *expr.Lookup: // kube-proxy: dnat to numgen ... map { i : ip . port }
+					set := &nftables.Set{Table: ch.Table, Name: e.SetName, ID: e.SetID, Anonymous: true}
+					elems, err := c.GetSetElements(set)
+					if err != nil {
+						continue
+					}
+					for _, el := range elems {
+						if bytes.Contains(el.Val, raw) || bytes.HasPrefix(el.Key, raw) {
+							out[ip] = true
+						}
+					}
+				}
+			}
+		}
+		return true
+	})
+	return out
+}
+
+// cpu is the process's user+system CPU seconds so far.
+func (n *benchNode) cpu(b *testing.B) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.cmd.Process.Pid))
+	require.NoError(b, err)
+	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / 100 // USER_HZ
+}
+
+// peakRSS is VmHWM in bytes.
+func (n *benchNode) peakRSS(b *testing.B) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", n.cmd.Process.Pid))
+	require.NoError(b, err)
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			kb, _ := strconv.ParseInt(strings.Fields(line)[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// relayAPI listens on 127.0.0.1 inside ns and relays to the API server on the
+// machine's loopback, so an agent living in ns (upstream kube-proxy has no
+// --netns) reaches it. Only sockets cross: no route or address is added
+// anywhere.
+func relayAPI(b *testing.B, ns *netns.Namespace, apiURL string) string {
+	target := strings.TrimPrefix(apiURL, "https://")
+	var ln net.Listener
+	require.NoError(b, ns.Do(func() error {
+		var err error
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}))
+	b.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer in.Close()
+				out, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer out.Close()
+				done := make(chan struct{}, 2)
+				go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
+				go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
+				<-done
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/nodekit-dev/nodekit/rules"
+	"github.com/nodekit-dev/nodekit/servicemap"
+)
+
+// errNotExpressible marks a service port the rules cannot express; it is skipped
+// and every other port is still written.
+var errNotExpressible = errors.New("service port cannot be expressed in rules")
+
+// converted is one service port as the rules package takes it, or why not.
+type converted struct {
+	svc rules.Service
+	err error
+	// noLocalInternal / noLocalExternal: a Local policy found no local endpoint while
+	// the service has endpoints elsewhere (upstream's no_local_endpoints counts).
+	noLocalInternal, noLocalExternal bool
+	// healthCheckNodePort and localReady feed the service health servers.
+	healthCheckNodePort uint16
+	localReady          []netip.Addr
+	// policyApprox names the traffic policy that could not be honoured exactly
+	// (empty when it was); the port is written with Cluster endpoints.
+	policyApprox string
+}
+
+// converter keeps the IPv4 rules of every service port and redoes only the ports
+// an Update names, so a sync converts what changed, not the whole map.
+type converter struct {
+	node  servicemap.Node
+	ports map[servicemap.ServicePortName]*converted
+}
+
+func newConverter(node servicemap.Node) *converter {
+	return &converter{node: node, ports: map[servicemap.ServicePortName]*converted{}}
+}
+
+// apply brings the converter up to date with upd. all redoes every port (after a
+// topology change, or on the first sync).
+func (c *converter) apply(upd servicemap.Update, all bool) {
+	if all {
+		clear(c.ports)
+		upd.Snapshot.Range(func(sp *servicemap.ServicePort) bool {
+			if cv, ok := convertPort(sp, c.node); ok {
+				c.ports[sp.Name] = cv
+			}
+			return true
+		})
+		return
+	}
+	for _, name := range upd.Changed {
+		sp, ok := upd.Snapshot.Get(name)
+		if !ok {
+			delete(c.ports, name)
+			continue
+		}
+		if cv, ok := convertPort(sp, c.node); ok {
+			c.ports[name] = cv
+		} else {
+			delete(c.ports, name)
+		}
+	}
+}
+
+// skipped is a service port left out of the state, with the reason.
+type skipped struct {
+	name servicemap.ServicePortName
+	err  error
+}
+
+// state builds the desired rules from the converted ports. A port that cannot be
+// expressed, or that claims a destination an earlier port (in name order)
+// already claims, is left out and reported; the rest are written.
+func (c *converter) state() (*rules.State, []skipped) {
+	names := make([]servicemap.ServicePortName, 0, len(c.ports))
+	for n := range c.ports {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b servicemap.ServicePortName) int {
+		switch {
+		case a.Less(b):
+			return -1
+		case b.Less(a):
+			return 1
+		}
+		return 0
+	})
+	type dest struct {
+		ip    netip.Addr
+		proto rules.Protocol
+		port  int
+	}
+	owner := make(map[dest]servicemap.ServicePortName, len(names))
+	st := &rules.State{Services: make([]rules.Service, 0, len(names))}
+	var skips []skipped
+	for _, n := range names {
+		cv := c.ports[n]
+		if cv.err != nil {
+			skips = append(skips, skipped{n, cv.err})
+			continue
+		}
+		s := &cv.svc
+		dests := make([]dest, 0, 2+len(s.ExternalIPs)+len(s.LoadBalancerIPs))
+		dests = append(dests, dest{s.ClusterIP, s.Protocol, s.Port})
+		for _, ip := range s.ExternalIPs {
+			dests = append(dests, dest{ip, s.Protocol, s.Port})
+		}
+		for _, ip := range s.LoadBalancerIPs {
+			dests = append(dests, dest{ip, s.Protocol, s.Port})
+		}
+		if s.NodePort != 0 {
+			dests = append(dests, dest{netip.Addr{}, s.Protocol, s.NodePort})
+		}
+		var clash error
+		seen := map[dest]bool{}
+		for _, d := range dests {
+			if o, ok := owner[d]; ok && !seen[d] {
+				what := fmt.Sprintf("%v %s/%d", d.ip, d.proto, d.port)
+				if !d.ip.IsValid() {
+					what = fmt.Sprintf("node port %s/%d", d.proto, d.port)
+				}
+				clash = fmt.Errorf("%w: %s is already claimed by %s", errNotExpressible, what, o)
+				break
+			}
+			seen[d] = true
+		}
+		if clash != nil {
+			skips = append(skips, skipped{n, clash})
+			continue
+		}
+		for _, d := range dests {
+			owner[d] = n
+		}
+		st.Services = append(st.Services, *s)
+	}
+	return st, skips
+}
+
+// noLocal counts the ports whose Local policy has no local endpoint.
+func (c *converter) noLocal() (internal, external int) {
+	for _, cv := range c.ports {
+		if cv.err != nil {
+			continue
+		}
+		if cv.noLocalInternal {
+			internal++
+		}
+		if cv.noLocalExternal {
+			external++
+		}
+	}
+	return internal, external
+}
+
+// healthChecks returns, per Service with a healthCheckNodePort, that port and
+// the number of distinct local ready endpoint addresses (upstream's
+// HealthCheckNodePorts and LocalReadyEndpoints).
+func (c *converter) healthChecks() (map[types.NamespacedName]uint16, map[types.NamespacedName]int) {
+	ports := map[types.NamespacedName]uint16{}
+	ips := map[types.NamespacedName]map[netip.Addr]bool{}
+	for n, cv := range c.ports {
+		if cv.healthCheckNodePort == 0 {
+			continue
+		}
+		ports[n.NamespacedName] = cv.healthCheckNodePort
+		set := ips[n.NamespacedName]
+		if set == nil {
+			set = map[netip.Addr]bool{}
+			ips[n.NamespacedName] = set
+		}
+		for _, a := range cv.localReady {
+			set[a] = true
+		}
+	}
+	local := make(map[types.NamespacedName]int, len(ips))
+	for nn, set := range ips {
+		local[nn] = len(set)
+	}
+	return ports, local
+}
+
+// convertPort turns one service port into IPv4 rules. ok is false when the
+// Service has no IPv4 cluster IP (the IPv4 proxier does not know it).
+func convertPort(sp *servicemap.ServicePort, node servicemap.Node) (cv *converted, ok bool) {
+	sp4, ok := sp.ForFamily(v1.IPv4Protocol)
+	if !ok {
+		return nil, false
+	}
+	ip, _ := sp4.ClusterIP(v1.IPv4Protocol)
+	sel := servicemap.Select(sp, v1.IPv4Protocol, node)
+	cv = &converted{svc: rules.Service{
+		Namespace:       sp.Name.Namespace,
+		Name:            sp.Name.Name,
+		PortName:        sp.Name.Port,
+		Protocol:        rules.Protocol(sp.Protocol),
+		ClusterIP:       ip,
+		Port:            int(sp.Port),
+		NodePort:        int(sp.NodePort),
+		ExternalIPs:     sp4.ExternalIPs,
+		LoadBalancerIPs: sp4.LoadBalancerVIPs,
+	}}
+	if sp.SessionAffinity == v1.ServiceAffinityClientIP {
+		cv.svc.AffinityTimeout = time.Duration(sp.StickyMaxAgeSeconds) * time.Second
+	}
+	cv.healthCheckNodePort = uint16(sp.HealthCheckNodePort)
+	for i := range sp.Endpoints {
+		e := &sp.Endpoints[i]
+		if e.Addr.Is4() && e.IsReady() && node.Name != "" && e.NodeName() == node.Name {
+			cv.localReady = append(cv.localReady, e.Addr)
+		}
+	}
+	external := sp.ExternallyAccessible()
+	cv.noLocalInternal = sp.InternalPolicyLocal && sel.HasAnyEndpoints && len(sel.Local) == 0
+	cv.noLocalExternal = sp.ExternalPolicyLocal && sel.HasAnyEndpoints && len(sel.Local) == 0
+
+	// The rules package writes one endpoint set for every destination of a port.
+	// Upstream keeps one for in-cluster traffic (internalTrafficPolicy) and one for
+	// external traffic (externalTrafficPolicy); when they differ, nodekit writes the
+	// Cluster set everywhere and says so.
+	internalLocal := sp.InternalPolicyLocal
+	externalLocal := sp.ExternalPolicyLocal
+	eps := sel.Cluster
+	switch {
+	case external && internalLocal != externalLocal:
+		if internalLocal {
+			cv.policyApprox = "internalTrafficPolicy=Local"
+		} else {
+			cv.policyApprox = "externalTrafficPolicy=Local"
+		}
+		// sel.Cluster is nil when no policy uses Cluster; recompute without Local.
+		eps = clusterEndpoints(sp, node)
+	case internalLocal:
+		eps = sel.Local
+		if len(eps) == 0 && sel.HasAnyEndpoints {
+			cv.svc.NoEndpoints = rules.Drop
+		}
+	}
+	cv.svc.Endpoints = make([]rules.Endpoint, 0, len(eps))
+	for _, e := range eps {
+		if !e.Addr.Is4() {
+			continue
+		}
+		cv.svc.Endpoints = append(cv.svc.Endpoints, rules.Endpoint{IP: e.Addr, Port: int(e.Port)})
+	}
+	if err := cv.svc.Validate(); err != nil {
+		cv.err = fmt.Errorf("%w: %w", errNotExpressible, err)
+	}
+	return cv, true
+}
+
+// clusterEndpoints is the Cluster-policy selection for a port whose policies
+// are both Local in the API but written as Cluster by nodekit.
+func clusterEndpoints(sp *servicemap.ServicePort, node servicemap.Node) []servicemap.Endpoint {
+	cp := *sp
+	cp.InternalPolicyLocal = false
+	cp.ExternalPolicyLocal = false
+	return servicemap.Select(&cp, v1.IPv4Protocol, node).Cluster
+}

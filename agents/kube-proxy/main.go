@@ -1,0 +1,442 @@
+// Command kube-proxy is nodekit's reference kube-proxy: it watches Services and
+// EndpointSlices and writes kube-proxy's nftables (default) or iptables rules,
+// then steps back. It takes upstream kube-proxy's flags and configuration file;
+// see docs/kube-proxy.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/component-base/logs"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	"k8s.io/component-base/metrics/legacyregistry"
+	"k8s.io/klog/v2"
+	"k8s.io/kube-proxy/config/v1alpha1"
+	"k8s.io/utils/clock"
+
+	"github.com/nodekit-dev/nodekit/rules"
+	"github.com/nodekit-dev/nodekit/servicemap"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	logs.InitLogs()
+	defer logs.FlushLogs()
+	fs := pflag.NewFlagSet("kube-proxy", pflag.ContinueOnError)
+	o := newOptions()
+	o.addFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	logger := klog.Background()
+	if err := o.complete(fs, logger); err != nil {
+		fmt.Fprintf(os.Stderr, "kube-proxy: %v\n", err)
+		return 1
+	}
+	if err := logsapi.ValidateAndApply(&o.cfg.Logging, nil); err != nil {
+		fmt.Fprintf(os.Stderr, "kube-proxy: %v\n", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	ctx = klog.NewContext(ctx, logger)
+	if err := runAgent(ctx, o); err != nil {
+		logger.Error(err, "Error running ProxyServer")
+		return 1
+	}
+	return 0
+}
+
+// runAgent runs the proxy until ctx ends.
+func runAgent(ctx context.Context, o *options) error {
+	logger := klog.FromContext(ctx)
+	cfg := o.cfg
+	for _, f := range unhonoured(cfg) {
+		logger.Info("Configuration field is not honoured by nodekit's kube-proxy", "field", f)
+	}
+	nodeName := cfg.HostnameOverride
+	if nodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("hostname: %w", err)
+		}
+		nodeName = strings.ToLower(strings.TrimSpace(h))
+	}
+	syncPeriod, minSyncPeriod := syncPeriods(cfg)
+	logger.Info("Using nodekit kube-proxy", "mode", cfg.Mode, "node", nodeName, "netns", o.netns,
+		"syncPeriod", syncPeriod, "minSyncPeriod", minSyncPeriod)
+
+	client, err := newClient(o)
+	if err != nil {
+		return err
+	}
+	registerMetrics()
+
+	// Shutdown order (defers run last first): cancel, wait for every goroutine,
+	// then release the namespace thread they may have been using.
+	var ns *nsRunner
+	defer func() {
+		if ns != nil {
+			ns.Close()
+		}
+	}()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	errCh := make(chan error, 4)
+	goRun := func(name string, fn func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(ctx); err != nil && ctx.Err() == nil {
+				errCh <- fmt.Errorf("%s: %w", name, err)
+			}
+		}()
+	}
+
+	// Where the rules live.
+	do := func(fn func() error) error { return fn() }
+	if o.netns != "" {
+		var err error
+		if ns, err = startNSRunner(o.netns); err != nil {
+			return err
+		}
+		do = ns.Do
+	}
+
+	nm := newNodeWatch(client, nodeName, cfg.ConfigSyncPeriod.Duration)
+	goRun("node informer", nm.run)
+	health := newHealthServer(clock.RealClock{}, 2*syncPeriod, nm.get)
+	if cfg.HealthzBindAddress != "" {
+		goRun("healthz server", func(ctx context.Context) error {
+			return serveHTTP(ctx, logger, "healthz", cfg.HealthzBindAddress, health.handler())
+		})
+	}
+	goRun("metrics server", func(ctx context.Context) error {
+		return serveHTTP(ctx, logger, "metrics", cfg.MetricsBindAddress, metricsHandler(string(cfg.Mode)))
+	})
+	node := nm.waitForIPs(ctx, logger, 30*time.Second)
+
+	syncer, conntrack, hcIPs, err := newSyncer(ctx, cfg, node, do)
+	if err != nil {
+		return err
+	}
+	svcHealth := newServiceHealth(hcIPs, listenIn(do), func() bool { return health.health().Healthy })
+
+	tracker := servicemap.NewTracker(servicemap.Config{Logger: logger, Metrics: trackerMetrics{}})
+	smNode := servicemap.Node{Name: nodeName}
+	if node != nil {
+		smNode.Labels = node.Labels
+	}
+	px := newProxier(proxierConfig{
+		Tracker: tracker, Syncer: syncer, Conntrack: conntrack, Do: do,
+		Clock: clock.RealClock{}, MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod,
+		Node: smNode, Health: health, ServiceHealth: svcHealth,
+	})
+	nm.onChange = px.OnNodeChange
+
+	watcher, err := servicemap.NewWatcher(servicemap.WatcherConfig{
+		Client: client, Handler: px, ResyncPeriod: cfg.ConfigSyncPeriod.Duration,
+	})
+	if err != nil {
+		return err
+	}
+
+	goRun("service watcher", watcher.Run)
+	goRun("sync loop", func(ctx context.Context) error {
+		err := px.Run(ctx)
+		svcHealth.Close() // no sync can reopen them now
+		return err
+	})
+	go func() {
+		select {
+		case <-watcher.Synced():
+			logger.Info("Services and EndpointSlices synced; starting rule syncs")
+			px.OnSynced()
+		case <-ctx.Done():
+		}
+	}()
+
+	select {
+	case <-ctx.Done():
+		logger.Info("Shutting down; the rules stay in the kernel")
+		return nil
+	case err := <-errCh:
+		return err
+	}
+}
+
+func newClient(o *options) (kubernetes.Interface, error) {
+	cc := o.cfg.ClientConnection
+	if cc.Kubeconfig == "" && o.master == "" {
+		klog.Background().Info("Neither kubeconfig file nor master URL was specified, falling back to in-cluster config")
+	}
+	restCfg, err := clientcmd.BuildConfigFromFlags(o.master, cc.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	restCfg.AcceptContentTypes = cc.AcceptContentTypes
+	restCfg.ContentType = cc.ContentType
+	restCfg.QPS = cc.QPS
+	restCfg.Burst = int(cc.Burst)
+	restCfg.UserAgent = "kube-proxy (nodekit)"
+	return kubernetes.NewForConfig(restCfg)
+}
+
+// newSyncer builds the rules writer for the mode inside the node's namespace.
+// It also returns the node addresses NodePorts (and so health check ports)
+// answer on; nil means every address.
+func newSyncer(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node, do func(func() error) error) (rules.Syncer, staleCleaner, []netip.Addr, error) {
+	logger := klog.FromContext(ctx)
+	bit, all := masquerade(cfg)
+	mark := uint32(1) << uint(bit)
+	cidr := clusterCIDR4(cfg)
+	var (
+		syncer    rules.Syncer
+		conntrack *rules.ConntrackCleaner
+		addrs     []netip.Addr
+	)
+	err := do(func() error {
+		conntrack = rules.NewConntrackCleaner(nil)
+		if cfg.Mode == modeIPTables {
+			w, err := rules.NewIPTables(ctx, rules.IPTablesConfig{
+				MasqueradeMark: mark, ClusterCIDR: cidr, MasqueradeAll: all, Metrics: rulesMetrics{},
+			})
+			syncer = w
+			return err
+		}
+		var err error
+		addrs, err = nodePortAddresses(logger, cfg, node)
+		if err != nil {
+			return err
+		}
+		w, err := rules.NewNFTables(rules.NFTablesConfig{
+			MasqueradeMark: mark, ClusterCIDR: cidr, MasqueradeAll: all,
+			NodePortAddresses: addrs, Metrics: rulesMetrics{},
+		})
+		syncer = w
+		return err
+	})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%s rules: %w", cfg.Mode, err)
+	}
+	return syncer, conntrack, addrs, nil
+}
+
+// nodePortAddresses resolves --nodeport-addresses to the node's IPv4 addresses
+// the nftables rules accept NodePorts on. It runs in the node's namespace.
+// Empty means every local address (the rules package's default, upstream's 'all').
+func nodePortAddresses(logger klog.Logger, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node) ([]netip.Addr, error) {
+	var prefixes []netip.Prefix
+	var out []netip.Addr
+	for _, a := range cfg.NodePortAddresses {
+		switch a {
+		case nodePortAddressesAll:
+			return nil, nil
+		case nodePortAddressesLocalhost:
+			// Not supported in nftables mode by upstream without a feature gate.
+		case nodePortAddressesPrimary:
+			ips := primaryIPs(cfg, node)
+			if len(ips) == 0 {
+				logger.Info("Can't determine this node's primary IPv4 address; accepting NodePorts on every local address", "nodePortAddresses", cfg.NodePortAddresses)
+				return nil, nil
+			}
+			out = append(out, ips...)
+		default:
+			p, err := netip.ParsePrefix(a)
+			if err != nil {
+				return nil, fmt.Errorf("%w: nodePortAddresses %q: %w", errInvalidConfig, a, err)
+			}
+			if p.Addr().Is4() {
+				prefixes = append(prefixes, p.Masked())
+			}
+		}
+	}
+	if len(prefixes) > 0 {
+		ifAddrs, err := net.InterfaceAddrs()
+		if err != nil {
+			return nil, fmt.Errorf("listing local addresses: %w", err)
+		}
+		for _, ia := range ifAddrs {
+			ipn, ok := ia.(*net.IPNet)
+			if !ok {
+				continue
+			}
+			ip, ok := netip.AddrFromSlice(ipn.IP)
+			if !ok {
+				continue
+			}
+			ip = ip.Unmap()
+			for _, p := range prefixes {
+				if p.Contains(ip) && !ip.IsLoopback() {
+					out = append(out, ip)
+					break
+				}
+			}
+		}
+		if len(out) == 0 {
+			logger.Info("No local address matches nodePortAddresses; NodePorts are accepted nowhere", "nodePortAddresses", cfg.NodePortAddresses)
+			// The rules package reads an empty list as "everywhere"; an address
+			// nothing uses keeps NodePorts closed.
+			out = append(out, netip.MustParseAddr("0.0.0.0"))
+		}
+	}
+	return out, nil
+}
+
+// primaryIPs is upstream's node IP choice for the IPv4 family: a specific
+// bindAddress, else the Node's first InternalIP, else its first ExternalIP.
+func primaryIPs(cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node) []netip.Addr {
+	if a, err := netip.ParseAddr(cfg.BindAddress); err == nil && !a.IsUnspecified() && a.Is4() {
+		return []netip.Addr{a}
+	}
+	if node == nil {
+		return nil
+	}
+	for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, a := range node.Status.Addresses {
+			if a.Type != t {
+				continue
+			}
+			if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Is4() {
+				return []netip.Addr{ip}
+			}
+		}
+	}
+	return nil
+}
+
+func metricsHandler(mode string) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = fmt.Fprint(w, mode)
+	})
+	mux.Handle("/metrics", legacyregistry.Handler())
+	return mux
+}
+
+// serveHTTP serves h on addr until ctx ends.
+func serveHTTP(ctx context.Context, logger klog.Logger, what, addr string, h http.Handler) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("failed to start %s server on %s: %w", what, addr, err)
+	}
+	logger.V(3).Info("Starting HTTP server", "server", what, "address", ln.Addr())
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// nodeWatch watches this node's Node object (upstream's NodeManager).
+type nodeWatch struct {
+	factory  informers.SharedInformerFactory
+	informer cache.SharedIndexInformer
+	name     string
+	onChange func(*v1.Node)
+
+	mu   sync.Mutex
+	node *v1.Node
+}
+
+func newNodeWatch(client kubernetes.Interface, name string, resync time.Duration) *nodeWatch {
+	f := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
+	nw := &nodeWatch{factory: f, name: name, informer: f.Core().V1().Nodes().Informer()}
+	set := func(obj any) {
+		n, ok := obj.(*v1.Node)
+		if !ok {
+			return
+		}
+		nw.mu.Lock()
+		nw.node = n
+		cb := nw.onChange
+		nw.mu.Unlock()
+		if cb != nil {
+			cb(n)
+		}
+	}
+	_, _ = nw.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    set,
+		UpdateFunc: func(_, n any) { set(n) },
+		DeleteFunc: func(any) {
+			nw.mu.Lock()
+			nw.node = nil
+			nw.mu.Unlock()
+		},
+	})
+	return nw
+}
+
+func (nw *nodeWatch) run(ctx context.Context) error {
+	nw.factory.Start(ctx.Done())
+	<-ctx.Done()
+	nw.factory.Shutdown()
+	return nil
+}
+
+func (nw *nodeWatch) get() *v1.Node {
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	return nw.node
+}
+
+// waitForIPs waits, as upstream does, up to timeout for the Node to exist with
+// addresses, and carries on without them.
+func (nw *nodeWatch) waitForIPs(ctx context.Context, logger klog.Logger, timeout time.Duration) *v1.Node {
+	if !cache.WaitForCacheSync(ctx.Done(), nw.informer.HasSynced) {
+		return nil
+	}
+	has := func() bool { n := nw.get(); return n != nil && len(n.Status.Addresses) > 0 }
+	if !has() {
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		_ = wait.PollUntilContextCancel(wctx, time.Second, false, func(context.Context) (bool, error) { return has(), nil })
+	}
+	n := nw.get()
+	switch {
+	case n == nil:
+		logger.Error(nil, "Timed out waiting for node to exist", "node", klog.KRef("", nw.name))
+	case len(n.Status.Addresses) == 0:
+		logger.Error(nil, "Timed out waiting for node to be assigned IPs", "node", klog.KRef("", nw.name))
+	}
+	return n
+}

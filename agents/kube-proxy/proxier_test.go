@@ -1,0 +1,411 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/component-base/metrics/testutil"
+	"k8s.io/klog/v2"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/nodekit-dev/nodekit/rules"
+	"github.com/nodekit-dev/nodekit/rules/rulestest"
+	"github.com/nodekit-dev/nodekit/servicemap"
+	smt "github.com/nodekit-dev/nodekit/servicemap/servicemaptest"
+)
+
+// notifyingSyncer wraps the fake writer and reports each Sync's outcome.
+type notifyingSyncer struct {
+	*rulestest.Fake
+	done chan error
+}
+
+func (n *notifyingSyncer) Sync(ctx context.Context, st *rules.State) error {
+	err := n.Fake.Sync(ctx, st)
+	n.done <- err
+	return err
+}
+
+// recordingCleaner records the states conntrack cleanup was asked about.
+type recordingCleaner struct {
+	mu    sync.Mutex
+	calls int
+}
+
+func (r *recordingCleaner) CleanStaleUDP(context.Context, *rules.State) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	return 0, nil
+}
+
+func (r *recordingCleaner) n() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls
+}
+
+type loopEnv struct {
+	t       *testing.T
+	clock   *clocktesting.FakeClock
+	client  *fake.Clientset
+	syncer  *notifyingSyncer
+	px      *proxier
+	health  *healthServer
+	cleaner *recordingCleaner
+}
+
+func startLoop(t *testing.T, objs ...any) *loopEnv {
+	t.Helper()
+	registerMetrics()
+	e := &loopEnv{
+		t:       t,
+		clock:   clocktesting.NewFakeClock(time.Date(2026, 12, 3, 6, 0, 0, 0, time.UTC)),
+		client:  fake.NewClientset(),
+		syncer:  &notifyingSyncer{Fake: &rulestest.Fake{}, done: make(chan error, 10)},
+		cleaner: &recordingCleaner{},
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	e.health = newHealthServer(e.clock, 60*time.Second, func() *corev1.Node { return node })
+	e.px = newProxier(proxierConfig{
+		Tracker: servicemap.NewTracker(servicemap.Config{Metrics: trackerMetrics{}}),
+		Syncer:  e.syncer, Conntrack: e.cleaner, Clock: e.clock,
+		MinSyncPeriod: time.Second, SyncPeriod: 30 * time.Second,
+		Node: servicemap.Node{Name: "n1"}, Health: e.health,
+	})
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background()))
+	for _, o := range objs {
+		e.create(o)
+	}
+	w, err := servicemap.NewWatcher(servicemap.WatcherConfig{Client: e.client, Handler: e.px})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = w.Run(ctx) }()
+	go func() { defer wg.Done(); _ = e.px.Run(ctx) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	select {
+	case <-w.Synced():
+	case <-time.After(10 * time.Second):
+		t.Fatal("watcher never synced")
+	}
+	return e
+}
+
+func (e *loopEnv) create(o any) {
+	e.t.Helper()
+	ctx := context.Background()
+	var err error
+	switch o := o.(type) {
+	case *corev1.Service:
+		_, err = e.client.CoreV1().Services(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+	case *discoveryv1.EndpointSlice:
+		_, err = e.client.DiscoveryV1().EndpointSlices(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+	}
+	require.NoError(e.t, err)
+}
+
+func (e *loopEnv) updateSlice(es *discoveryv1.EndpointSlice) {
+	e.t.Helper()
+	_, err := e.client.DiscoveryV1().EndpointSlices(es.Namespace).Update(context.Background(), es, metav1.UpdateOptions{})
+	require.NoError(e.t, err)
+}
+
+// waitSync waits for the next Sync and returns its error.
+func (e *loopEnv) waitSync() error {
+	e.t.Helper()
+	select {
+	case err := <-e.syncer.done:
+		return err
+	case <-time.After(10 * time.Second):
+		e.t.Fatal("no sync happened")
+		return nil
+	}
+}
+
+// noSync checks that no Sync happens for a short while (the loop is waiting on
+// the fake clock).
+func (e *loopEnv) noSync(why string) {
+	e.t.Helper()
+	select {
+	case err := <-e.syncer.done:
+		e.t.Fatalf("unexpected sync (err %v): %s", err, why)
+	case <-time.After(150 * time.Millisecond):
+	}
+}
+
+// waitMinInterval waits until the loop sits in its minimum-interval wait (two
+// timers: the next-run timer and the min-interval timer).
+func (e *loopEnv) waitMinInterval() {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool { return e.clock.Waiters() == 2 }, 5*time.Second, time.Millisecond)
+}
+
+// waitIdle waits until the loop waits for work (only the next-run timer).
+func (e *loopEnv) waitIdle() {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool { return e.clock.Waiters() == 1 }, 5*time.Second, time.Millisecond)
+}
+
+func web(eps ...string) (*corev1.Service, *discoveryv1.EndpointSlice) {
+	svc := smt.Service("default", "web", smt.ClusterIPs("10.96.0.10"), smt.Port("http", 80, corev1.ProtocolTCP))
+	var list []discoveryv1.Endpoint
+	for _, ip := range eps {
+		list = append(list, smt.Endpoint(ip, smt.OnNode("n1")))
+	}
+	es := smt.EndpointSlice("default", "web-abc", "web", discoveryv1.AddressTypeIPv4,
+		smt.SlicePort("http", 8080, corev1.ProtocolTCP), smt.Endpoints(list...))
+	return svc, es
+}
+
+func endpointsOf(st *rules.State, name string) []string {
+	for _, s := range st.Services {
+		if s.Name == name {
+			var out []string
+			for _, e := range s.Endpoints {
+				out = append(out, e.String())
+			}
+			return out
+		}
+	}
+	return nil
+}
+
+func TestLoopWaitsForInitialListsThenSyncsFull(t *testing.T) {
+	svc, es := web("10.244.1.10")
+	e := startLoop(t, svc, es)
+	e.noSync("not initialized before OnSynced")
+	e.px.OnSynced()
+	require.NoError(t, e.waitSync())
+	assert.Equal(t, 1, e.syncer.FullSyncs, "the first sync is full")
+	assert.Equal(t, []string{"10.244.1.10:8080"}, endpointsOf(e.syncer.Last(), "web"))
+	e.waitMinInterval() // conntrack cleanup runs after Sync returns
+	assert.Equal(t, 1, e.cleaner.n(), "a full sync cleans UDP conntrack")
+}
+
+func TestLoopRateLimitsAndSyncsPartially(t *testing.T) {
+	svc, es := web("10.244.1.10")
+	e := startLoop(t, svc, es)
+	e.px.OnSynced()
+	require.NoError(t, e.waitSync())
+	e.waitMinInterval()
+
+	// A change inside minSyncPeriod waits for it.
+	es.Endpoints = append(es.Endpoints, smt.Endpoint("10.244.1.11", smt.OnNode("n1")))
+	e.updateSlice(es)
+	e.noSync("inside minSyncPeriod")
+	e.clock.Step(time.Second)
+	require.NoError(t, e.waitSync())
+	assert.Equal(t, 1, e.syncer.FullSyncs, "the second sync is partial")
+	assert.Equal(t, []string{"10.244.1.10:8080", "10.244.1.11:8080"}, endpointsOf(e.syncer.Last(), "web"))
+	e.waitMinInterval()
+	assert.Equal(t, 1, e.cleaner.n(), "a TCP-only partial sync leaves conntrack alone")
+
+	// Two changes inside one interval make one sync.
+	es.Endpoints = es.Endpoints[:1]
+	e.updateSlice(es)
+	svc2 := smt.Service("default", "dns", smt.ClusterIPs("10.96.0.53"), smt.Port("dns", 53, corev1.ProtocolUDP))
+	e.create(svc2)
+	require.Eventually(t, func() bool { return len(e.px.runCh) == 1 }, 5*time.Second, time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // let the second event land too
+	e.clock.Step(time.Second)
+	require.NoError(t, e.waitSync())
+	e.noSync("both changes went into one sync")
+	e.waitMinInterval()
+	st := e.syncer.Last()
+	assert.Equal(t, []string{"10.244.1.10:8080"}, endpointsOf(st, "web"))
+	require.Len(t, st.Services, 2)
+	assert.Empty(t, endpointsOf(st, "dns"), "a service without endpoints is written (to reject)")
+	assert.Equal(t, 2, e.cleaner.n(), "a changed UDP port triggers conntrack cleanup")
+}
+
+func TestLoopRetriesFailureWithFullSyncAfterSyncPeriod(t *testing.T) {
+	svc, es := web("10.244.1.10")
+	e := startLoop(t, svc, es)
+	e.px.OnSynced()
+	require.NoError(t, e.waitSync())
+	e.waitMinInterval()
+
+	e.syncer.FailNext(fmt.Errorf("%w: injected", rules.ErrApplyFailed))
+	es.Endpoints = append(es.Endpoints, smt.Endpoint("10.244.1.11", smt.OnNode("n1")))
+	e.updateSlice(es)
+	e.clock.Step(time.Second)
+	require.Error(t, e.waitSync())
+	assert.Equal(t, []string{"10.244.1.10:8080"}, endpointsOf(e.syncer.Last(), "web"), "the previous rules stay")
+
+	// No new change: the retry comes syncPeriod (30s) after the failure, not sooner.
+	e.waitMinInterval()
+	e.clock.Step(time.Second)
+	e.waitIdle()
+	e.clock.Step(28 * time.Second)
+	e.noSync("retry before syncPeriod")
+	e.clock.Step(time.Second)
+	require.NoError(t, e.waitSync())
+	assert.Equal(t, 2, e.syncer.FullSyncs, "the retry is full")
+	assert.Equal(t, []string{"10.244.1.10:8080", "10.244.1.11:8080"}, endpointsOf(e.syncer.Last(), "web"))
+}
+
+func TestLoopPeriodicFullSync(t *testing.T) {
+	svc, es := web("10.244.1.10")
+	e := startLoop(t, svc, es)
+	e.px.OnSynced()
+	require.NoError(t, e.waitSync())
+	e.waitMinInterval()
+	e.clock.Step(time.Second)
+	e.waitIdle()
+	e.clock.Step(fullSyncPeriod - 2*time.Second)
+	e.noSync("before the hourly sync")
+	e.clock.Step(2 * time.Second)
+	require.NoError(t, e.waitSync())
+	assert.Equal(t, 2, e.syncer.FullSyncs, "the hourly sync is full")
+}
+
+func TestLoopHealthGoesStaleWhileSyncsFail(t *testing.T) {
+	svc, es := web("10.244.1.10")
+	e := startLoop(t, svc, es)
+	e.px.OnSynced()
+	require.NoError(t, e.waitSync())
+	assert.True(t, e.health.health().Healthy)
+	e.waitMinInterval()
+
+	errs := make([]error, 5)
+	for i := range errs {
+		errs[i] = fmt.Errorf("%w: injected", rules.ErrApplyFailed)
+	}
+	e.syncer.FailNext(errs...)
+	es.Endpoints = append(es.Endpoints, smt.Endpoint("10.244.1.11", smt.OnNode("n1")))
+	e.updateSlice(es)
+	e.clock.Step(time.Second)
+	require.Error(t, e.waitSync())
+	assert.True(t, e.health.health().Healthy, "a queued update younger than 2 x syncPeriod is fine")
+	e.waitMinInterval()
+	e.clock.Step(time.Second)
+	e.waitIdle()
+	e.clock.Step(29 * time.Second)
+	require.Error(t, e.waitSync())
+	e.waitMinInterval()
+	e.clock.Step(time.Second)
+	e.waitIdle()
+	e.clock.Step(29 * time.Second) // 61s after the change was queued
+	require.Error(t, e.waitSync())
+	assert.False(t, e.health.health().Healthy, "queued for more than 2 x syncPeriod without a successful sync")
+}
+
+func TestLoopSkipsInexpressibleServicePort(t *testing.T) {
+	registerMetrics()
+	// Two Services claim the same external IP and port: the later (by name) is
+	// skipped, the earlier and every other service keep working.
+	a := smt.Service("default", "a", smt.ClusterIPs("10.96.0.20"), smt.Port("", 80, corev1.ProtocolTCP), smt.ExternalIPs("192.0.2.100"))
+	b := smt.Service("default", "b", smt.ClusterIPs("10.96.0.21"), smt.Port("", 80, corev1.ProtocolTCP), smt.ExternalIPs("192.0.2.100"))
+	svc, es := web("10.244.1.10")
+	before, _ := testutil.GetCounterMetricValue(skippedServicePortsTotal.WithLabelValues(ipFamily))
+	e := startLoop(t, a, b, svc, es)
+	e.px.OnSynced()
+	require.NoError(t, e.waitSync())
+	st := e.syncer.Last()
+	var names []string
+	for _, s := range st.Services {
+		names = append(names, s.Name)
+	}
+	assert.Equal(t, []string{"a", "web"}, names)
+	after, _ := testutil.GetCounterMetricValue(skippedServicePortsTotal.WithLabelValues(ipFamily))
+	assert.Equal(t, before+1, after, "the skipped port is counted")
+	gauge, _ := testutil.GetGaugeMetricValue(skippedServicePorts.WithLabelValues(ipFamily))
+	assert.Equal(t, 1.0, gauge)
+
+	// Fixing the clash brings it back.
+	e.waitMinInterval()
+	b.Spec.ExternalIPs = []string{"192.0.2.101"}
+	_, err := e.client.CoreV1().Services("default").Update(context.Background(), b, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	e.clock.Step(time.Second)
+	require.NoError(t, e.waitSync())
+	assert.Len(t, e.syncer.Last().Services, 3)
+}
+
+func TestLoopNetworkProgrammingLatency(t *testing.T) {
+	svc, es := web("10.244.1.10")
+	e := startLoop(t, svc, es)
+	e.px.OnSynced()
+	require.NoError(t, e.waitSync())
+	e.waitMinInterval()
+	before, _ := testutil.GetHistogramMetricCount(networkProgrammingLatency.WithLabelValues(ipFamily))
+	es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: e.clock.Now().Add(-2 * time.Second).Format(time.RFC3339Nano)}
+	es.Endpoints = append(es.Endpoints, smt.Endpoint("10.244.1.11", smt.OnNode("n1")))
+	e.updateSlice(es)
+	e.clock.Step(time.Second)
+	require.NoError(t, e.waitSync())
+	after, _ := testutil.GetHistogramMetricCount(networkProgrammingLatency.WithLabelValues(ipFamily))
+	assert.Equal(t, before+1, after)
+}
+
+func TestLoopTopologyChangeReconvertsWithFullSync(t *testing.T) {
+	svc := smt.Service("default", "web", smt.ClusterIPs("10.96.0.10"), smt.Port("http", 80, corev1.ProtocolTCP))
+	es := smt.EndpointSlice("default", "web-abc", "web", discoveryv1.AddressTypeIPv4,
+		smt.SlicePort("http", 8080, corev1.ProtocolTCP), smt.Endpoints(
+			smt.Endpoint("10.244.1.10", smt.InZone("a"), smt.ZoneHints("a")),
+			smt.Endpoint("10.244.2.10", smt.InZone("b"), smt.ZoneHints("b")),
+		))
+	e := startLoop(t, svc, es)
+	e.px.OnSynced()
+	require.NoError(t, e.waitSync())
+	assert.Equal(t, []string{"10.244.1.10:8080", "10.244.2.10:8080"}, endpointsOf(e.syncer.Last(), "web"), "no zone: hints do not apply")
+	e.waitMinInterval()
+	e.px.OnNodeChange(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{corev1.LabelTopologyZone: "b"}}})
+	e.clock.Step(time.Second)
+	require.NoError(t, e.waitSync())
+	assert.Equal(t, []string{"10.244.2.10:8080"}, endpointsOf(e.syncer.Last(), "web"), "zone b: only b's endpoint")
+	assert.Equal(t, 2, e.syncer.FullSyncs)
+}
+
+func TestConvertTrafficPolicies(t *testing.T) {
+	node := servicemap.Node{Name: "n1"}
+	tr := servicemap.NewTracker(servicemap.Config{})
+	local := smt.Service("default", "local", smt.ClusterIPs("10.96.0.30"), smt.Port("", 80, corev1.ProtocolTCP),
+		smt.InternalTrafficPolicy(corev1.ServiceInternalTrafficPolicyLocal))
+	tr.OnServiceAdd(local)
+	tr.OnEndpointSliceAdd(smt.EndpointSlice("default", "local-1", "local", discoveryv1.AddressTypeIPv4,
+		smt.SlicePort("", 8080, corev1.ProtocolTCP), smt.Endpoints(smt.Endpoint("10.244.2.10", smt.OnNode("n2")))))
+	empty := smt.Service("default", "empty", smt.ClusterIPs("10.96.0.31"), smt.Port("", 80, corev1.ProtocolTCP))
+	tr.OnServiceAdd(empty)
+	etp := smt.Service("default", "etp", smt.ClusterIPs("10.96.0.32"), smt.Port("", 80, corev1.ProtocolTCP),
+		smt.Type(corev1.ServiceTypeNodePort), smt.NodePort("", 30080),
+		smt.ExternalTrafficPolicy(corev1.ServiceExternalTrafficPolicyLocal))
+	tr.OnServiceAdd(etp)
+	tr.OnEndpointSliceAdd(smt.EndpointSlice("default", "etp-1", "etp", discoveryv1.AddressTypeIPv4,
+		smt.SlicePort("", 8080, corev1.ProtocolTCP), smt.Endpoints(smt.Endpoint("10.244.2.11", smt.OnNode("n2")))))
+	v6 := smt.Service("default", "v6", smt.ClusterIPs("fd00::10"), smt.Port("", 80, corev1.ProtocolTCP))
+	tr.OnServiceAdd(v6)
+
+	c := newConverter(node)
+	c.apply(tr.Consume(), true)
+	st, skips := c.state()
+	require.Empty(t, skips)
+	byName := map[string]rules.Service{}
+	for _, s := range st.Services {
+		byName[s.Name] = s
+	}
+	assert.NotContains(t, byName, "v6", "an IPv6-only service is not the IPv4 writer's")
+	assert.Equal(t, rules.Drop, byName["local"].NoEndpoints, "ITP Local, endpoints elsewhere only: drop")
+	assert.Empty(t, byName["local"].Endpoints)
+	assert.Empty(t, byName["empty"].Endpoints)
+	assert.NotEqual(t, rules.Drop, byName["empty"].NoEndpoints, "no endpoints anywhere: reject")
+	assert.Equal(t, []rules.Endpoint{{IP: netip.MustParseAddr("10.244.2.11"), Port: 8080}}, byName["etp"].Endpoints,
+		"ETP Local is written with Cluster endpoints (a documented gap)")
+	assert.Equal(t, "externalTrafficPolicy=Local", c.ports[servicemap.ServicePortName{
+		NamespacedName: types.NamespacedName{Namespace: "default", Name: "etp"}, Protocol: corev1.ProtocolTCP}].policyApprox)
+	in, ex := c.noLocal()
+	assert.Equal(t, 1, in)
+	assert.Equal(t, 1, ex)
+}

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+)
+
+// serviceHealth runs one HTTP server per Service with a healthCheckNodePort
+// (type LoadBalancer, externalTrafficPolicy Local), as upstream's
+// pkg/proxy/healthcheck/service_health.go: load balancers ask it whether this
+// node has a ready local endpoint. 200 when it has one and the proxy is healthy,
+// 503 otherwise, with upstream's JSON body and X-Load-Balancing-Endpoint-Weight.
+type serviceHealth struct {
+	// nodeIPs are the addresses to listen on; empty means 0.0.0.0.
+	nodeIPs []netip.Addr
+	// listen opens a listener where the node's network lives.
+	listen  func(addr string) (net.Listener, error)
+	healthy func() bool
+
+	mu       sync.RWMutex
+	services map[types.NamespacedName]*hcInstance
+}
+
+type hcInstance struct {
+	port      uint16
+	servers   []*http.Server
+	endpoints int
+}
+
+func newServiceHealth(nodeIPs []netip.Addr, listen func(string) (net.Listener, error), healthy func() bool) *serviceHealth {
+	if listen == nil {
+		listen = func(addr string) (net.Listener, error) { return net.Listen("tcp4", addr) }
+	}
+	return &serviceHealth{nodeIPs: nodeIPs, listen: listen, healthy: healthy, services: map[types.NamespacedName]*hcInstance{}}
+}
+
+// sync opens servers for new ports, closes those of services gone or moved,
+// and records each service's local ready endpoint count.
+func (s *serviceHealth) sync(logger klog.Logger, ports map[types.NamespacedName]uint16, local map[types.NamespacedName]int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for nn, inst := range s.services {
+		if p, ok := ports[nn]; !ok || p != inst.port {
+			logger.V(2).Info("Closing healthcheck", "service", nn, "port", inst.port)
+			inst.close()
+			delete(s.services, nn)
+		}
+	}
+	for nn, port := range ports {
+		if s.services[nn] != nil {
+			continue
+		}
+		logger.V(2).Info("Opening healthcheck", "service", nn, "port", port)
+		inst, err := s.open(logger, nn, port)
+		if err != nil {
+			logger.Error(err, "Failed to start healthcheck", "service", nn, "port", port)
+			continue
+		}
+		s.services[nn] = inst
+	}
+	for nn, inst := range s.services {
+		inst.endpoints = local[nn]
+	}
+}
+
+func (s *serviceHealth) open(logger klog.Logger, nn types.NamespacedName, port uint16) (*hcInstance, error) {
+	ips := s.nodeIPs
+	if len(ips) == 0 {
+		ips = []netip.Addr{netip.IPv4Unspecified()}
+	}
+	inst := &hcInstance{port: port}
+	for _, ip := range ips {
+		ln, err := s.listen(netip.AddrPortFrom(ip, port).String())
+		if err != nil {
+			inst.close()
+			return nil, err
+		}
+		srv := &http.Server{Handler: s.handler(nn), ReadHeaderTimeout: 10 * time.Second}
+		inst.servers = append(inst.servers, srv)
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				logger.Error(err, "Healthcheck closed", "service", nn)
+			}
+		}()
+	}
+	return inst, nil
+}
+
+func (inst *hcInstance) close() {
+	for _, srv := range inst.servers {
+		_ = srv.Close()
+	}
+}
+
+// Close stops every server.
+func (s *serviceHealth) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for nn, inst := range s.services {
+		inst.close()
+		delete(s.services, nn)
+	}
+}
+
+func (s *serviceHealth) handler(nn types.NamespacedName) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		s.mu.RLock()
+		inst, ok := s.services[nn]
+		count := 0
+		if ok {
+			count = inst.endpoints
+		}
+		s.mu.RUnlock()
+		if !ok {
+			return
+		}
+		healthy := s.healthy()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(count))
+		if count != 0 && healthy {
+			w.WriteHeader(http.StatusOK)
+		} else {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		// Upstream's body, byte for byte: tab-indented, no trailing newline.
+		fmt.Fprintf(w, "{\n\t\"service\": {\n\t\t\"namespace\": %q,\n\t\t\"name\": %q\n\t},\n\t\"localEndpoints\": %d,\n\t\"serviceProxyHealthy\": %v\n}",
+			nn.Namespace, nn.Name, count, healthy)
+	})
+}
+
+// listenIn returns a listen function that opens sockets through do (on the
+// node namespace's thread), so the servers answer on the node's addresses.
+func listenIn(do func(func() error) error) func(string) (net.Listener, error) {
+	return func(addr string) (net.Listener, error) {
+		var ln net.Listener
+		err := do(func() error {
+			var err error
+			ln, err = (&net.ListenConfig{}).Listen(context.Background(), "tcp4", addr)
+			return err
+		})
+		return ln, err
+	}
+}
