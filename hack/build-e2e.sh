@@ -38,6 +38,17 @@ if [ -f "$cache/.complete" ]; then
 fi
 
 mkdir -p "$base"
+# One build at a time: a second caller waits for the first and then takes its result.
+exec 9>"$base/.lock"
+if ! flock -n 9; then
+  echo "build-e2e: another build is running, waiting for it" >&2
+  flock 9
+fi
+if [ -f "$cache/.complete" ]; then
+  echo "build-e2e: cached in $cache" >&2
+  echo "$cache/e2e.test"
+  exit 0
+fi
 tmp=$(mktemp -d "$base/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
