@@ -11,7 +11,12 @@
 #   registry.k8s.io/e2e-test-images/busybox:1.37.0-2 the project's busybox (hack/setup-containerd.sh)
 #   registry.k8s.io/e2e-test-images/nginx:1.27.0-2   STAND-IN: busybox httpd serving
 #   registry.k8s.io/e2e-test-images/nginx:1.28.0-2   STAND-IN  /usr/share/nginx/html on port 80
+#   registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1
+#                                                    STAND-IN: busybox with dig and getent
 #   registry.k8s.io/pause:3.10.2                     the project's pause (hack/setup-containerd.sh)
+# The DNS specs run `dig` and `getent` in the agnhost and glibc-dns-testing images, which
+# busybox lacks: upstream/e2e/cmd/dig is a small stand-in for both (static Go), put in
+# /usr/bin of those images.
 # docs/conformance.md says how each stand-in differs from the image it replaces.
 #
 # Prints the image folder on stdout; it holds images.tsv ("<role>\t<image name>\t<tar file>" per
@@ -41,7 +46,8 @@ fi
 k8s_src=$(cd "$root/upstream/e2e" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 
 # The key covers everything that decides the images' bytes.
-key=$( (cat "$0"; sha256sum "$agnhost" "$busybox_tar" "$pause_tar" "$k8s_src"/test/images/agnhost/porter/localhost.*) |
+key=$( (cat "$0" "$root"/upstream/e2e/cmd/dig/*.go "$root"/upstream/e2e/go.sum; go version
+  sha256sum "$agnhost" "$busybox_tar" "$pause_tar" "$k8s_src"/test/images/agnhost/porter/localhost.*) |
   sha256sum | cut -c1-16)
 base=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/e2e-images
 out=$base/$key
@@ -104,6 +110,16 @@ unpack_busybox() {
 }
 path_env='"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"'
 
+log "building the dig/getent stand-in (upstream/e2e/cmd/dig)"
+(cd "$root/upstream/e2e" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/dig" ./cmd/dig)
+# add_dns_tools ROOTFS: dig and getent (one binary, picked by name) in /usr/bin.
+add_dns_tools() {
+  mkdir -p "$1/usr/bin"
+  rm -f "$1/usr/bin/dig" "$1/usr/bin/getent"
+  cp "$work/dig" "$1/usr/bin/dig"
+  ln "$1/usr/bin/dig" "$1/usr/bin/getent"
+}
+
 # --- busybox 1.37.0-2 ------------------------------------------------------------------
 name=$registry/busybox:1.37.0-2
 log "building $name"
@@ -120,6 +136,7 @@ for tag in 2.66.1 2.55; do
   r=$work/agnhost-$tag
   unpack_busybox "$r"
   cp "$agnhost" "$r/agnhost"
+  add_dns_tools "$r"
   ln -s agnhost "$r/agnhost-2"
   mkdir -p "$r/uploads"
   cp "$k8s_src"/test/images/agnhost/porter/localhost.crt "$k8s_src"/test/images/agnhost/porter/localhost.key "$r/"
@@ -150,6 +167,17 @@ for tag in 1.27.0-2 1.28.0-2; do
     "$work/out/nginx-$tag.tar"
   printf 'nginx-%s\t%s\tnginx-%s.tar\n' "$tag" "$name" "$tag" >>"$work/out/images.tsv"
 done
+
+# --- glibc-dns-testing stand-in ---------------------------------------------------------
+# Upstream's is Debian with dnsutils; the specs run `sh -c` probe scripts with dig and getent.
+name=$registry/glibc-dns-testing:2.1.1
+log "building $name (stand-in)"
+r=$work/glibc-dns-testing
+unpack_busybox "$r"
+add_dns_tools "$r"
+echo "nodekit stand-in for glibc-dns-testing 2.1.1: busybox with a Go dig/getent" >"$r/NODEKIT_IMAGE"
+pack "$name" "$r" "{\"Env\":[$path_env],\"Cmd\":[\"sh\"]}" "$work/out/glibc-dns-testing.tar"
+printf 'glibc-dns-testing\t%s\tglibc-dns-testing.tar\n' "$name" >>"$work/out/images.tsv"
 
 # --- pause -----------------------------------------------------------------------------
 cp "$pause_tar" "$work/out/pause.tar"

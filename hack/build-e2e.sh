@@ -28,7 +28,11 @@ ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
 ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=${k8s_version}"
 
 mod=$root/upstream/e2e
-key=$( (cd "$mod" && cat go.mod go.sum; echo "$ldflags"; go version) | sha256sum | cut -c1-16)
+# The key is the module build list (every module's path, version and replacement: what
+# decides the binaries), not go.mod's text, so tidying the small tools beside it in
+# upstream/e2e does not rebuild e2e.test.
+key=$( (cd "$mod" && go list -m -f '{{.Path}} {{.Version}}{{with .Replace}} => {{.Path}} {{.Version}}{{end}}' all &&
+  cat go.sum; echo "$ldflags"; go version) | sha256sum | cut -c1-16)
 base=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/e2e
 cache=$base/${k8s_version}-${key}
 if [ -f "$cache/.complete" ]; then
