@@ -61,7 +61,7 @@ start=$(date +%s)
 (
   cd "$mod"
   export CGO_ENABLED=0
-  go test -c -trimpath -ldflags "$ldflags" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
+  go test -c -vet=off -trimpath -ldflags "$ldflags" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
   go build -trimpath -ldflags "$ldflags" -o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost
 )
 "$tmp/e2e.test" --version >&2 || true
