@@ -21,7 +21,9 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 	nodekitBin = filepath.Join(dir, "nodekit")
-	out, err := exec.Command("go", "build", "-o", nodekitBin, ".").CombinedOutput()
+	// -race: the binary under test runs goroutines side by side (the control plane and
+	// the nodes' runtimes start together); its races must fail the tests too.
+	out, err := exec.Command("go", "build", "-race", "-o", nodekitBin, ".").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "build nodekit: %v\n%s", err, out)
 		os.RemoveAll(dir)

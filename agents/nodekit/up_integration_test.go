@@ -106,7 +106,7 @@ func TestUpDetachStatusDown(t *testing.T) {
 	port := freePort(t)
 	linksBefore := rootLinks(t)
 	env := []string{"NODEKIT_PEERS_DIR=" + peers, "NODEKIT_IMAGES_DIR=" + images}
-	upArgs := []string{"up", "--detach", "--name", name, "--state-dir", stateDir, "--nodes", "2", "--api-port", strconv.Itoa(port)}
+	upArgs := []string{"up", "--detach", "--name", name, "--state-dir", stateDir, "--nodes", "2", "--api-port", strconv.Itoa(port), "--coredns-image-tar="}
 
 	begin := time.Now()
 	out, stderr, code := nodekit(t, env, upArgs...)
@@ -214,7 +214,7 @@ func TestUpForegroundCtrlC(t *testing.T) {
 	name := fmt.Sprintf("f%d", os.Getpid()%100000)
 	stateDir := filepath.Join(t.TempDir(), "state")
 	cmd := exec.Command(nodekitBin, "up", "--name", name, "--state-dir", stateDir, "--api-port", strconv.Itoa(freePort(t)),
-		"--kubelet-binary", "none", "--kube-proxy-binary", "none")
+		"--kubelet-binary", "none", "--kube-proxy-binary", "none", "--coredns-image-tar=")
 	cmd.Env = append(os.Environ(), "NODEKIT_PEERS_DIR="+peers, "NODEKIT_IMAGES_DIR="+images)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)

@@ -103,12 +103,7 @@ clusterDNS:
 // controller does on a real cluster; here the CIDR is fixed by the node's CNI config)
 // and waits for Ready=True.
 func (c *Cluster) waitNodeReady(ctx context.Context, client kubernetes.Interface, n Node) error {
-	var kubelet Process
-	for _, p := range c.st.Processes {
-		if p.Name == "kubelet" && p.Node == n.Name {
-			kubelet = p
-		}
-	}
+	kubelet := c.process("kubelet", n.Name)
 	cidrSet := false
 	return poll(ctx, 2*time.Minute, 100*time.Millisecond, func(ctx context.Context) error {
 		if !kubelet.Alive() {

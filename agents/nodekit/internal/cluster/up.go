@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -183,6 +184,8 @@ type Cluster struct {
 	// Listener is the forwarder's socket on 127.0.0.1:APIPort.
 	Listener net.Listener
 	dialer   *NSDialer
+	// mu guards st while the control plane and the nodes' runtimes start side by side.
+	mu sync.Mutex
 }
 
 // HasKubelet reports whether the nodes run a kubelet.
@@ -465,8 +468,22 @@ func (c *Cluster) record(name, node, logPath string, cmd *exec.Cmd) error {
 		return fmt.Errorf("%s exited at once (see %s): %w", name, logPath, err)
 	}
 	p.StartTime = st
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.st.Processes = append(c.st.Processes, p)
 	return c.st.save()
+}
+
+// process is the recorded process name on node ("" for the control plane).
+func (c *Cluster) process(name, node string) Process {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.st.Processes {
+		if p.Name == name && p.Node == node {
+			return p
+		}
+	}
+	return Process{}
 }
 
 func (c *Cluster) controlPlane(ctx context.Context) error {
@@ -555,7 +572,7 @@ func (c *Cluster) waitAPI(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	apiserver := c.st.Processes[len(c.st.Processes)-1]
+	apiserver := c.process("kube-apiserver", "")
 	return poll(ctx, 2*time.Minute, 100*time.Millisecond, func(ctx context.Context) error {
 		if !apiserver.Alive() {
 			return fmt.Errorf("%w: kube-apiserver exited (see %s)", errGiveUp, apiserver.Log)
@@ -711,12 +728,7 @@ state = %s
 }
 
 func (c *Cluster) waitRuntime(ctx context.Context, n Node) error {
-	var proc Process
-	for _, p := range c.st.Processes {
-		if p.Name == "containerd" && p.Node == n.Name {
-			proc = p
-		}
-	}
+	proc := c.process("containerd", n.Name)
 	return poll(ctx, time.Minute, 50*time.Millisecond, func(ctx context.Context) error {
 		if !proc.Alive() {
 			return fmt.Errorf("%w: containerd exited (see %s)", errGiveUp, proc.Log)
