@@ -46,7 +46,7 @@ fi
 k8s_src=$(cd "$root/upstream/e2e" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 
 # The key covers everything that decides the images' bytes.
-key=$( (cat "$0" "$root"/upstream/e2e/cmd/dig/*.go "$root"/upstream/e2e/go.sum; go version
+key=$( (cat "$0" "$root"/upstream/e2e/cmd/dig/main.go "$root"/upstream/e2e/go.sum; go version
   sha256sum "$agnhost" "$busybox_tar" "$pause_tar" "$k8s_src"/test/images/agnhost/porter/localhost.*) |
   sha256sum | cut -c1-16)
 base=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/e2e-images
