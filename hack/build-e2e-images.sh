@@ -13,6 +13,8 @@
 #   registry.k8s.io/e2e-test-images/nginx:1.28.0-2   STAND-IN  /usr/share/nginx/html on port 80
 #   registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1
 #                                                    STAND-IN: busybox with dig and getent
+#   registry.k8s.io/e2e-test-images/nonewprivs:1.4   upstream's nnp program (k8s.io/kubernetes/test/
+#                                                    images/nonewprivs, static), setuid root, on busybox
 #   registry.k8s.io/pause:3.10.2                     the project's pause (hack/setup-containerd.sh)
 # The DNS specs run `dig` and `getent` in the agnhost and glibc-dns-testing images, which
 # busybox lacks: upstream/e2e/cmd/dig is a small stand-in for both (static Go), put in
@@ -178,6 +180,18 @@ add_dns_tools "$r"
 echo "nodekit stand-in for glibc-dns-testing 2.1.1: busybox with a Go dig/getent" >"$r/NODEKIT_IMAGE"
 pack "$name" "$r" "{\"Env\":[$path_env],\"Cmd\":[\"sh\"]}" "$work/out/glibc-dns-testing.tar"
 printf 'glibc-dns-testing\t%s\tglibc-dns-testing.tar\n' "$name" >>"$work/out/images.tsv"
+
+# --- nonewprivs 1.4 --------------------------------------------------------------------
+# As its Dockerfile: /usr/local/bin/nnp, setuid (the layer's owner is root), CMD nnp.
+name=$registry/nonewprivs:1.4
+log "building $name"
+r=$work/nonewprivs
+unpack_busybox "$r"
+mkdir -p "$r/usr/local/bin"
+(cd "$root/upstream/e2e" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$r/usr/local/bin/nnp" k8s.io/kubernetes/test/images/nonewprivs)
+chmod 4755 "$r/usr/local/bin/nnp"
+pack "$name" "$r" "{\"Env\":[$path_env],\"Cmd\":[\"nnp\"]}" "$work/out/nonewprivs.tar"
+printf 'nonewprivs\t%s\tnonewprivs.tar\n' "$name" >>"$work/out/images.tsv"
 
 # --- pause -----------------------------------------------------------------------------
 cp "$pause_tar" "$work/out/pause.tar"
