@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Runs upstream's own conformance tests (e2e.test at v1.37.2) on a two-node cluster whose
+# nodes run nodekit's kubelet and kube-proxy, and records the result in docs/conformance.md.
+#
+#   sudo ./hack/conformance.sh            the full selection: hack/conformance/focus.txt
+#   sudo ./hack/conformance.sh --smoke    the CI subset: hack/conformance/smoke.txt
+#   options: --keep (leave the cluster up afterwards), --no-doc (do not touch docs/conformance.md),
+#            --timeout=DURATION (stop e2e.test after this long, default 24h: the specs not
+#            reached are listed as "not run")
+#
+# Steps: builds e2e.test and agnhost (hack/build-e2e.sh) and the test images
+# (hack/build-e2e-images.sh), brings up `nodekit up --nodes 2 --detach` (through hack/up.sh,
+# which builds nodekit, its kubelet and kube-proxy, the peers and the base images) in its
+# own state dir, loads the test images into every node, runs e2e.test with the selection
+# (only [Conformance] specs; hack/conformance/skip.txt's entries never run), writes the
+# JUnit and Ginkgo JSON reports to the report dir, the per-test table into
+# docs/conformance.md, and tears the cluster down.
+#
+# Environment: NODEKIT_CONFORMANCE_DIR (report dir, default /tmp/nodekit-conformance),
+# NODEKIT_CONFORMANCE_NAME (cluster name, default nkconf), NODEKIT_CONFORMANCE_API_PORT
+# (default 16470). Exits non-zero when a selected test fails.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+log() { echo "conformance: $*" >&2; }
+
+mode=full keep=0 doc=1 timeout=24h
+for arg in "$@"; do
+  case $arg in
+    --smoke) mode=smoke ;;
+    --keep) keep=1 ;;
+    --no-doc) doc=0 ;;
+    --timeout=*) timeout=${arg#--timeout=} ;;
+    *) log "unknown argument $arg (want --smoke, --keep, --no-doc, --timeout=DURATION)"; exit 2 ;;
+  esac
+done
+if [ "$(id -u)" -ne 0 ]; then
+  log "run as root: nodekit up makes network namespaces and runs containerd"
+  exit 1
+fi
+if [ ! -x "$root/hack/up.sh" ]; then
+  log "hack/up.sh is not in this tree: nodekit up is needed to make the cluster"
+  exit 1
+fi
+
+lists=$root/hack/conformance
+name=${NODEKIT_CONFORMANCE_NAME:-nkconf}
+api_port=${NODEKIT_CONFORMANCE_API_PORT:-16470}
+out=${NODEKIT_CONFORMANCE_DIR:-/tmp/nodekit-conformance}/$mode
+state=$out/cluster
+start=$(date +%s)
+
+# regex FILE: the file's non-comment lines joined into one alternation.
+regex() { grep -v '^[[:space:]]*\(#\|$\)' "$1" | paste -sd'|' -; }
+# skip_regex: skip.txt's patterns, each checked to carry a reason.
+skip_regex() {
+  local n=0 line
+  while IFS= read -r line; do
+    n=$((n + 1))
+    case $line in '' | '#'* | [[:space:]]'#'*) continue ;; esac
+    if [[ $line != *' # '* ]]; then
+      log "$lists/skip.txt:$n: a skip needs a one-line reason after ' # '"
+      return 1
+    fi
+    printf '%s\n' "${line% # *}" | sed 's/[[:space:]]*$//'
+  done <"$lists/skip.txt" | paste -sd'|' -
+}
+
+focus=$(regex "$lists/focus.txt")
+[ "$mode" = smoke ] && focus=$(regex "$lists/smoke.txt")
+skip=$(skip_regex)
+# Ginkgo ORs repeated --ginkgo.focus flags: one expression makes "in the list AND conformance".
+selection="(?:$focus).*\\[Conformance\\]"
+
+e2e_test=$("$root/hack/build-e2e.sh")
+images=$("$root/hack/build-e2e-images.sh")
+peers=$("$root/hack/build-peers.sh")
+built=$(date +%s)
+
+rm -rf "$out"
+mkdir -p "$out/junit"
+
+# Which specs are in scope: a dry run with the focus alone (no cluster needed).
+"$e2e_test" --provider=skeleton --ginkgo.dry-run --ginkgo.no-color \
+  --ginkgo.focus="$selection" --ginkgo.json-report="$out/scope.json" >"$out/scope.log" 2>&1 || {
+  log "the dry run failed: $out/scope.log"
+  exit 1
+}
+
+down() {
+  if [ "$keep" = 1 ]; then
+    log "cluster left up: KUBECONFIG=$state/kubeconfig; stop it with nodekit down --state-dir $state"
+    return
+  fi
+  log "tearing the cluster down"
+  "$nodekit" down --state-dir "$state" >&2 || log "nodekit down failed: see $state"
+}
+nodekit=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin/nodekit
+log "bringing up a 2-node cluster in $state"
+"$root/hack/up.sh" --nodes 2 --detach --name "$name" --state-dir "$state" --api-port "$api_port" >&2
+trap down EXIT
+up=$(date +%s)
+
+tars=()
+while IFS=$'\t' read -r _ _ tar; do tars+=("$images/$tar"); done <"$images/images.tsv"
+"$nodekit" load --state-dir "$state" "${tars[@]}" >&2
+export KUBECONFIG=$state/kubeconfig
+
+cmd=("$e2e_test" --provider=skeleton --kubeconfig="$KUBECONFIG" --kubectl-path="$peers/kubectl"
+  --report-dir="$out/junit" --ginkgo.json-report="$out/report.json" --ginkgo.no-color
+  --ginkgo.timeout="$timeout" --ginkgo.focus="$selection")
+[ -n "$skip" ] && cmd+=(--ginkgo.skip="$skip")
+log "running e2e.test ($mode selection), log in $out/e2e.log"
+rc=0
+# From the report dir: whatever e2e.test leaves in its working directory lands there.
+(cd "$out" && "${cmd[@]}") >"$out/e2e.log" 2>&1 || rc=$?
+finished=$(date +%s)
+
+if [ "$doc" = 1 ]; then
+  header=$out/header.md
+  {
+    echo "### ${mode^} selection, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "- e2e.test $("$e2e_test" --version 2>/dev/null | head -1 || echo v1.37.2) (hack/build-e2e.sh), peers $("$peers/kube-apiserver" --version), nodekit $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo '+changes')"
+    echo "- cluster: \`nodekit up --nodes 2\` (nodekit's kubelet and kube-proxy, containerd $(containerd --version | awk '{print $3}'), runc, CoreDNS)"
+    echo "- command: \`sudo ./hack/conformance.sh $*\`, that is \`e2e.test --provider=skeleton --ginkgo.focus='(?:<hack/conformance/$([ "$mode" = smoke ] && echo smoke || echo focus).txt>).*\\[Conformance\\]' --ginkgo.skip='<hack/conformance/skip.txt>'\`"
+    echo "- wall time: e2e.test $((finished - up)) s; cluster up $((up - built)) s; builds $((built - start)) s"
+  } >"$header"
+  summary=$(python3 "$lists/report.py" "$out/scope.json" "$out/report.json" "$lists/skip.txt" \
+    "$root/docs/conformance.md" "results-$mode" "$header")
+  log "$summary (docs/conformance.md, reports in $out)"
+fi
+log "e2e.test exited $rc after $((finished - up)) s"
+exit "$rc"
