@@ -611,7 +611,11 @@ func (m *podManager) terminate(ctx context.Context, e *podEntry, pod *corev1.Pod
 		return false, err
 	}
 	if err := m.volumes.Teardown(ctx, pod.UID); err != nil {
+		// Never remove the pod's folder while a volume may still be mounted in it: a
+		// tmpfs or a subPath bind of a hostPath would take the host's files with it.
+		// The next sync of this pod tries again.
 		klog.ErrorS(err, "Volume teardown failed", "pod", klog.KObj(pod))
+		return false, fmt.Errorf("tear down volumes of pod %s: %w", podDesc(pod), err)
 	}
 	_ = os.RemoveAll(filepath.Join(m.cfg.rootDir, "pods", string(pod.UID)))
 	_ = os.RemoveAll(cri.PodLogsDirectory(m.cfg.cfg.PodLogsDir, pod))
