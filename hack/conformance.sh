@@ -76,6 +76,15 @@ images=$("$root/hack/build-e2e-images.sh")
 peers=$("$root/hack/build-peers.sh")
 built=$(date +%s)
 
+# A cluster left in $out by --keep or a crashed run holds live mounts (containerd's
+# rootfs, pod volumes): stop it with nodekit down before removing anything, or refuse.
+if [ -e "$state" ]; then
+  log "a cluster state is left in $state: stopping it first"
+  "${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin/nodekit" down --state-dir "$state" >&2 || {
+    log "nodekit down --state-dir $state failed: remove that cluster by hand, then run this again"
+    exit 1
+  }
+fi
 rm -rf "$out"
 mkdir -p "$out/junit"
 
