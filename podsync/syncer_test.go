@@ -436,8 +436,8 @@ func TestKillPodPreStopSleepUsesGrace(t *testing.T) {
 	id := e.running("app").Id
 	done := make(chan *podsync.SyncResult)
 	go func() { done <- e.syncer.KillPod(context.Background(), pod, nil, nil) }()
-	// The hook sleeps 12s on the fake clock; the grace timer waits too.
-	require.Eventually(t, func() bool { return e.clk.HasWaiters() }, 5*time.Second, time.Millisecond)
+	// The hook sleeps 12s on the fake clock; the grace timer waits too: wait for both.
+	require.Eventually(t, func() bool { return e.clk.Waiters() >= 2 }, 5*time.Second, time.Millisecond)
 	select {
 	case <-done:
 		t.Fatal("KillPod returned before the sleep hook ended")

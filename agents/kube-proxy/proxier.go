@@ -58,6 +58,9 @@ type proxier struct {
 	runCh chan struct{}
 
 	initialized atomic.Bool
+	// changes counts the Service and EndpointSlice events received, so tests can
+	// wait for an event to land instead of sleeping.
+	changes atomic.Uint64
 
 	mu              sync.Mutex // guards everything below
 	node            servicemap.Node
@@ -136,6 +139,7 @@ func (p *proxier) recordTrigger(es *discovery.EndpointSlice) {
 }
 
 func (p *proxier) changed() {
+	p.changes.Add(1)
 	if p.initialized.Load() {
 		p.queue()
 	}

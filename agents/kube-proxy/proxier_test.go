@@ -216,12 +216,13 @@ func TestLoopRateLimitsAndSyncsPartially(t *testing.T) {
 	assert.Equal(t, 1, e.cleaner.n(), "a TCP-only partial sync leaves conntrack alone")
 
 	// Two changes inside one interval make one sync.
+	before := e.px.changes.Load()
 	es.Endpoints = es.Endpoints[:1]
 	e.updateSlice(es)
 	svc2 := smt.Service("default", "dns", smt.ClusterIPs("10.96.0.53"), smt.Port("dns", 53, corev1.ProtocolUDP))
 	e.create(svc2)
-	require.Eventually(t, func() bool { return len(e.px.runCh) == 1 }, 5*time.Second, time.Millisecond)
-	time.Sleep(50 * time.Millisecond) // let the second event land too
+	require.Eventually(t, func() bool { return e.px.changes.Load() >= before+2 }, 5*time.Second, time.Millisecond,
+		"both events reach the proxier")
 	e.clock.Step(time.Second)
 	require.NoError(t, e.waitSync())
 	e.noSync("both changes went into one sync")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
 
 	"github.com/nodekit-dev/nodekit/agents/nodekit/internal/cluster"
 	"github.com/nodekit-dev/nodekit/internal/testenv"
@@ -52,13 +53,24 @@ func freePort(t *testing.T) int {
 
 // rootLinks lists the machine's own network interfaces, to prove up and down leave
 // them alone.
+// rootLinks lists the machine's own network interfaces, leaving out those of the
+// containerd test harness (its nkctd* CNI bridges and the veths on them), which other
+// packages' tests may create and remove while this test runs.
 func rootLinks(t *testing.T) []string {
 	t.Helper()
-	ifs, err := net.Interfaces()
+	links, err := netlink.LinkList()
 	require.NoError(t, err)
+	byIndex := map[int]string{}
+	for _, l := range links {
+		byIndex[l.Attrs().Index] = l.Attrs().Name
+	}
 	var names []string
-	for _, i := range ifs {
-		names = append(names, i.Name)
+	for _, l := range links {
+		a := l.Attrs()
+		if strings.HasPrefix(a.Name, "nkctd") || strings.HasPrefix(byIndex[a.MasterIndex], "nkctd") {
+			continue
+		}
+		names = append(names, a.Name)
 	}
 	sort.Strings(names)
 	return names
