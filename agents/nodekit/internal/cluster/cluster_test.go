@@ -94,6 +94,10 @@ func TestForwardThroughNSDialer(t *testing.T) {
 
 	cancel()
 	require.NoError(t, <-done)
+	require.NoError(t, held.SetReadDeadline(time.Now().Add(5*time.Second)))
+	_, err = held.Read(make([]byte, 1))
+	require.Error(t, err, "the held connection must be closed")
+	assert.False(t, os.IsTimeout(err), "the held connection must be closed, not left hanging: %v", err)
 	d.Close()
 	_, err = d.DialContext(context.Background(), "tcp", srv.Listener.Addr().String())
 	assert.Error(t, err, "a closed dialer refuses")
