@@ -51,6 +51,10 @@ type Options struct {
 	Scheduler bool
 }
 
+// KubeletClientUser is the user kube-apiserver authenticates as when it calls a
+// kubelet (--kubelet-client-certificate), in group system:masters.
+const KubeletClientUser = "kube-apiserver-kubelet-client"
+
 // ServiceCIDR is the --service-cluster-ip-range the API server allocates ClusterIPs from.
 const ServiceCIDR = "10.96.0.0/16"
 
@@ -151,6 +155,27 @@ func (cp *ControlPlane) setup() error {
 	if err := os.WriteFile(cp.path("ca.crt"), ca.certPEM, 0o600); err != nil {
 		return err
 	}
+	caKeyPEM, err := ca.keyPEM()
+	if err != nil {
+		return err
+	}
+	// kube-controller-manager's csrsigning controller signs with the same CA, so a
+	// certificate a kubelet obtains through a CSR is trusted like the harness's own.
+	if err := os.WriteFile(cp.path("ca.key"), caKeyPEM, 0o600); err != nil {
+		return err
+	}
+	// The identity kube-apiserver presents to kubelets (logs, exec, port-forward), as
+	// kubeadm's apiserver-kubelet-client certificate.
+	kcCert, kcKey, err := ca.clientCert(KubeletClientUser, "system:masters")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(cp.path("apiserver-kubelet-client.crt"), kcCert, 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(cp.path("apiserver-kubelet-client.key"), kcKey, 0o600); err != nil {
+		return err
+	}
 	if err := writeServiceAccountKey(cp.path("sa.key")); err != nil {
 		return err
 	}
@@ -249,6 +274,11 @@ func (cp *ControlPlane) apiserverArgs() []string {
 		"--service-account-key-file=" + cp.path("sa.key"),
 		"--service-account-signing-key-file=" + cp.path("sa.key"),
 		"--allow-privileged=true",
+		"--enable-bootstrap-token-auth=true",
+		"--kubelet-client-certificate=" + cp.path("apiserver-kubelet-client.crt"),
+		"--kubelet-client-key=" + cp.path("apiserver-kubelet-client.key"),
+		// Test nodes' hostnames do not resolve; their InternalIP is where the kubelet listens.
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
 	}
 }
 
@@ -325,6 +355,8 @@ func (cp *ControlPlane) startControllerManager(bin string) error {
 		"--node-monitor-period="+cp.opts.NodeMonitorPeriod.String(),
 		"--node-monitor-grace-period="+cp.opts.NodeMonitorGracePeriod.String(),
 		"--service-account-private-key-file="+cp.path("sa.key"),
+		"--cluster-signing-cert-file="+cp.path("ca.crt"),
+		"--cluster-signing-key-file="+cp.path("ca.key"),
 		// The root CA the root-ca-certificate-publisher puts in kube-root-ca.crt
 		// (without it the kubeconfig's CA, a file here, is not read and pods'
 		// projected ca.crt comes out empty).
@@ -402,6 +434,34 @@ func (cp *ControlPlane) WriteNodeKubeconfig(tb testing.TB, path, nodeName, serve
 	cfg.CurrentContext = "test"
 	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
 		tb.Fatalf("control plane: write node kubeconfig: %v", err)
+	}
+}
+
+// CAFile is the cluster CA: the API server's --client-ca-file and the signer of
+// kube-controller-manager's CSRs. A kubelet's authentication.x509.clientCAFile
+// points here to trust kube-apiserver's kubelet client certificate.
+func (cp *ControlPlane) CAFile() string { return cp.path("ca.crt") }
+
+// UserConfig is a client configuration for user in groups, signed by the cluster CA
+// (for tests of who may and may not do something).
+func (cp *ControlPlane) UserConfig(tb testing.TB, user string, groups ...string) *rest.Config {
+	tb.Helper()
+	certPEM, keyPEM, err := cp.ca.clientCert(user, groups...)
+	if err != nil {
+		tb.Fatalf("control plane: certificate for %s: %v", user, err)
+	}
+	return cp.restConfig(certPEM, keyPEM)
+}
+
+// WriteUserKubeconfig writes a kubeconfig for user in groups to path.
+func (cp *ControlPlane) WriteUserKubeconfig(tb testing.TB, path, user string, groups ...string) {
+	tb.Helper()
+	certPEM, keyPEM, err := cp.ca.clientCert(user, groups...)
+	if err != nil {
+		tb.Fatalf("control plane: certificate for %s: %v", user, err)
+	}
+	if err := cp.writeKubeconfig(path, certPEM, keyPEM); err != nil {
+		tb.Fatalf("control plane: write kubeconfig for %s: %v", user, err)
 	}
 }
 

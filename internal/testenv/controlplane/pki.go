@@ -48,6 +48,16 @@ func newAuthority() (*authority, error) {
 	return &authority{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
 
+// keyPEM is the CA's private key in PEM (kube-controller-manager's
+// --cluster-signing-key-file).
+func (a *authority) keyPEM() ([]byte, error) {
+	der, err := x509.MarshalECPrivateKey(a.key)
+	if err != nil {
+		return nil, fmt.Errorf("CA key: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
+}
+
 // clientCert returns a PEM certificate and key for user cn in groups.
 func (a *authority) clientCert(cn string, groups ...string) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
