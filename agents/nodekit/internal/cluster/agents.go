@@ -34,6 +34,9 @@ func (c *Cluster) agents(ctx context.Context) error {
 			if err := c.ca.writeKubeconfig(kc, c.cfg.Name, server, "system:node:"+n.Name, "system:nodes"); err != nil {
 				return err
 			}
+			// The kubelet's port as kubeadm configures it: client certificates from the
+			// cluster CA (kube-apiserver's among them), tokens checked by TokenReview,
+			// every request authorized by SubjectAccessReview.
 			conf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: %q
@@ -41,7 +44,16 @@ cgroupDriver: cgroupfs
 clusterDomain: cluster.local
 clusterDNS:
 - %s
-`, n.Runtime, ClusterDNS)
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: %q
+authorization:
+  mode: Webhook
+`, n.Runtime, ClusterDNS, c.path("pki", "ca.crt"))
 			confPath := filepath.Join(n.Dir, "kubelet.yaml")
 			if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 				return err
