@@ -6,7 +6,8 @@
 #
 #   registry.k8s.io/e2e-test-images/agnhost:2.66.1   upstream's agnhost (hack/build-e2e.sh builds
 #                                                    it from k8s.io/kubernetes/test/images/agnhost,
-#                                                    static) on the project's busybox, as /agnhost
+#                                                    static) on the project's busybox, as /agnhost,
+#                                                    with the dig/getent and curl stand-ins
 #   registry.k8s.io/e2e-test-images/agnhost:2.55     STAND-IN: the same 2.66.1 binary, its own digest
 #   registry.k8s.io/e2e-test-images/busybox:1.37.0-2 the project's busybox (hack/setup-containerd.sh)
 #   registry.k8s.io/e2e-test-images/nginx:1.27.0-2   STAND-IN: busybox httpd serving
@@ -18,7 +19,8 @@
 #   registry.k8s.io/pause:3.10.2                     the project's pause (hack/setup-containerd.sh)
 # The DNS specs run `dig` and `getent` in the agnhost and glibc-dns-testing images, which
 # busybox lacks: upstream/e2e/cmd/dig is a small stand-in for both (static Go), put in
-# /usr/bin of those images.
+# /usr/bin of those images. Many specs (lifecycle hooks, Services) exec `curl` in agnhost:
+# upstream/e2e/cmd/curl is a static Go stand-in taking the options they pass, in /usr/bin.
 # docs/conformance.md says how each stand-in differs from the image it replaces.
 #
 # Prints the image folder on stdout; it holds images.tsv ("<role>\t<image name>\t<tar file>" per
@@ -48,7 +50,7 @@ fi
 k8s_src=$(cd "$root/upstream/e2e" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 
 # The key covers everything that decides the images' bytes.
-key=$( (cat "$0" "$root"/upstream/e2e/cmd/dig/main.go "$root"/upstream/e2e/go.sum; go version
+key=$( (cat "$0" "$root"/upstream/e2e/cmd/dig/main.go "$root"/upstream/e2e/cmd/curl/main.go "$root"/upstream/e2e/go.sum; go version
   sha256sum "$agnhost" "$busybox_tar" "$pause_tar" "$k8s_src"/test/images/agnhost/porter/localhost.*) |
   sha256sum | cut -c1-16)
 base=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/e2e-images
@@ -114,6 +116,8 @@ path_env='"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"'
 
 log "building the dig/getent stand-in (upstream/e2e/cmd/dig)"
 (cd "$root/upstream/e2e" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/dig" ./cmd/dig)
+log "building the curl stand-in (upstream/e2e/cmd/curl)"
+(cd "$root/upstream/e2e" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/curl" ./cmd/curl)
 # add_dns_tools ROOTFS: dig and getent (one binary, picked by name) in /usr/bin.
 add_dns_tools() {
   mkdir -p "$1/usr/bin"
@@ -139,6 +143,7 @@ for tag in 2.66.1 2.55; do
   unpack_busybox "$r"
   cp "$agnhost" "$r/agnhost"
   add_dns_tools "$r"
+  cp "$work/curl" "$r/usr/bin/curl"
   ln -s agnhost "$r/agnhost-2"
   mkdir -p "$r/uploads"
   cp "$k8s_src"/test/images/agnhost/porter/localhost.crt "$k8s_src"/test/images/agnhost/porter/localhost.key "$r/"
