@@ -20,13 +20,14 @@ import (
 type host struct {
 	procDir   string // default /proc
 	cgroupDir string // default /sys/fs/cgroup
-	// statfs and procCount are the two system calls; tests replace them.
+	// statfs, procCount and dirUsage touch the system; tests replace them.
 	statfs    func(path string) (fsInfo, error)
 	procCount func() (uint64, error)
+	dirUsage  func(dir string) (bytes, inodes uint64, err error)
 }
 
 func realHost() host {
-	return host{procDir: "/proc", cgroupDir: "/sys/fs/cgroup", statfs: statfs, procCount: procCount}
+	return host{procDir: "/proc", cgroupDir: "/sys/fs/cgroup", statfs: statfs, procCount: procCount, dirUsage: dirUsage}
 }
 
 // fsInfo is one file system's size, as statfs reports it.

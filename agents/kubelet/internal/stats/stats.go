@@ -511,7 +511,7 @@ func (p *Provider) rootfsStats(s *runtimeapi.ContainerStats, mountFs map[string]
 // root file system's, as the kubelet reports it.
 func (p *Provider) logStats(ref statsapi.PodReference, container string, rootFs fsInfo) *statsapi.FsStats {
 	dir := filepath.Join(p.cfg.PodLogsDir, ref.Namespace+"_"+ref.Name+"_"+ref.UID, container)
-	used, inodes, err := dirUsage(dir)
+	used, inodes, err := p.host.dirUsage(dir)
 	if err != nil {
 		return nil
 	}
