@@ -34,12 +34,46 @@ const mib = 1 << 20
 func TestContainerdStats(t *testing.T) {
 	testenv.RequireLong(t)
 	rt := containerd.Start(t, containerd.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c, err := cri.New(ctx, cri.Config{Endpoint: rt.Endpoint(), CallTimeout: 30 * time.Second})
+	c, err := cri.New(context.Background(), cri.Config{Endpoint: rt.Endpoint(), CallTimeout: 30 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 
+	// containerd 1.6 answers ListPodSandboxStats but fails it whole for a sandbox
+	// without a cgroup parent (nodekit's kubelet sets none yet): the provider then
+	// sums the containers. With a cgroup parent the pod figures are the runtime's.
+	t.Run("no cgroup parent", func(t *testing.T) { testBurner(t, rt, c, "") })
+	t.Run("cgroup parent", func(t *testing.T) {
+		parent := "/nodekit-stats-test-" + strconv.Itoa(os.Getpid())
+		t.Cleanup(func() { removeCgroups(t, parent) })
+		testBurner(t, rt, c, parent+"/poduid-burner")
+	})
+}
+
+// removeCgroups removes the cgroup folders runc created for parent (it removes a
+// container's own cgroup, not the parents it made), deepest first.
+func removeCgroups(t *testing.T, parent string) {
+	for _, root := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/*", "/sys/fs/cgroup/unified"} {
+		dirs, _ := filepath.Glob(filepath.Join(root, parent))
+		for _, dir := range dirs {
+			var all []string
+			_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+				if err == nil && d.IsDir() {
+					all = append(all, path)
+				}
+				return nil
+			})
+			for i := len(all) - 1; i >= 0; i-- {
+				if err := os.Remove(all[i]); err != nil {
+					t.Logf("remove cgroup %s: %v", all[i], err)
+				}
+			}
+		}
+	}
+}
+
+func testBurner(t *testing.T, rt *containerd.Containerd, c *cri.Client, cgroupParent string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "burner", Namespace: "stats-test", UID: types.UID("uid-burner")},
 		Spec: corev1.PodSpec{HostNetwork: true, Containers: []corev1.Container{{
@@ -55,7 +89,7 @@ func TestContainerdStats(t *testing.T) {
 		}}},
 	}
 	logsDir := t.TempDir()
-	sbCfg, err := cri.PodSandboxConfig(pod, cri.PodOptions{LogsDir: logsDir})
+	sbCfg, err := cri.PodSandboxConfig(pod, cri.PodOptions{LogsDir: logsDir, CgroupParent: cgroupParent})
 	require.NoError(t, err)
 	sandboxID, err := c.RunPodSandbox(ctx, sbCfg, "")
 	require.NoError(t, err)
@@ -65,18 +99,23 @@ func TestContainerdStats(t *testing.T) {
 	containerID, err := c.CreateContainer(ctx, sandboxID, ctrCfg, sbCfg)
 	require.NoError(t, err)
 	require.NoError(t, c.StartContainer(ctx, containerID))
-	t.Cleanup(func() {
+	defer func() {
 		ctx := context.Background()
-		_ = c.StopContainer(ctx, containerID, 0)
-		_ = c.StopPodSandbox(ctx, sandboxID)
-		_ = c.RemovePodSandbox(ctx, sandboxID)
-	})
+		assert.NoError(t, c.StopContainer(ctx, containerID, 0))
+		assert.NoError(t, c.StopPodSandbox(ctx, sandboxID))
+		assert.NoError(t, c.RemovePodSandbox(ctx, sandboxID))
+	}()
 
 	runtime := stats.CRIRuntime(c)
-	// containerd 1.6 answers ListPodSandboxStats but fails it for a sandbox without
-	// a cgroup parent, as this one: the provider sums the containers instead.
-	_, sbErr := runtime.ListPodSandboxStats(ctx, nil)
-	t.Logf("containerd %s: ListPodSandboxStats: %v", c.RuntimeVersion().GetRuntimeVersion(), sbErr)
+	sbStats, sbErr := runtime.ListPodSandboxStats(ctx, nil)
+	t.Logf("containerd %s: ListPodSandboxStats: %d, %v", c.RuntimeVersion().GetRuntimeVersion(), len(sbStats), sbErr)
+	if cgroupParent == "" {
+		require.Error(t, sbErr)
+		assert.Contains(t, sbErr.Error(), "cgroupPath is empty")
+	} else {
+		require.NoError(t, sbErr)
+		require.Len(t, sbStats, 1)
+	}
 
 	p, err := stats.New(stats.Config{Runtime: runtime, NodeName: "stats-node", RootDir: t.TempDir(), PodLogsDir: logsDir})
 	require.NoError(t, err)
@@ -106,6 +145,9 @@ func TestContainerdStats(t *testing.T) {
 	var ps *statsapi.PodStats
 	require.Eventually(t, func() bool {
 		ps = findPod(getSummaryQuiet(t, ctx, p))
+		if cgroupParent != "" && (ps == nil || ps.Memory == nil || ps.Memory.WorkingSetBytes == nil || *ps.Memory.WorkingSetBytes < 48*mib) {
+			return false
+		}
 		return ps != nil && len(ps.Containers) == 1 &&
 			ps.Containers[0].Memory != nil && ps.Containers[0].Memory.WorkingSetBytes != nil && *ps.Containers[0].Memory.WorkingSetBytes > 48*mib &&
 			ps.Containers[0].CPU != nil && ps.Containers[0].CPU.UsageCoreNanoSeconds != nil && *ps.Containers[0].CPU.UsageCoreNanoSeconds > uint64(100*time.Millisecond)
