@@ -41,6 +41,10 @@
 //     logs measured (allocated blocks, inodes) in <PodLogsDir>/<ns>_<name>_<uid>/
 //     <container> against the root file system's capacity. ephemeral-storage sums
 //     the writable layers and logs.
+//   - Swap: the runtime's per container; runtimes that report none (containerd
+//     1.6) get zero on a node without swap, where it is the truth, as a kubelet
+//     reads it from cAdvisor, and nothing on a node with swap. Pod swap is the sum
+//     of its containers'.
 //   - usageNanoCores, when the runtime does not compute it, is the rate between the
 //     previous sample of the same container, pod or node and this one.
 //

@@ -1,6 +1,7 @@
 package stats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -111,7 +112,7 @@ func (p *Provider) summary(ctx context.Context, full bool) (*statsapi.Summary, e
 		}
 		node.Runtime = &statsapi.RuntimeStats{ImageFs: imageFs, ContainerFs: imageFs}
 	}
-	pods, err := p.podStats(ctx, full)
+	pods, err := p.podStats(ctx, full, *node.Swap.SwapAvailableBytes+*node.Swap.SwapUsageBytes > 0)
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +243,7 @@ func (p *Provider) imageFsStats(ctx context.Context) (*statsapi.FsStats, error) 
 // podStats lists the pods with their containers. Pod-level figures come from
 // ListPodSandboxStats; when that fails, they are summed from the pod's containers,
 // the fallback upstream's CRI stats provider takes on Unimplemented.
-func (p *Provider) podStats(ctx context.Context, full bool) ([]statsapi.PodStats, error) {
+func (p *Provider) podStats(ctx context.Context, full, nodeSwap bool) ([]statsapi.PodStats, error) {
 	sandboxes, err := p.cfg.Runtime.ListPodSandbox(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("list pod sandboxes: %w", err)
@@ -302,12 +303,12 @@ func (p *Provider) podStats(ctx context.Context, full bool) ([]statsapi.PodStats
 	mountFs := map[string]*fsInfo{} // statfs of writable layers' mount points, once per scrape
 
 	build := func(sb *runtimeapi.PodSandbox) statsapi.PodStats {
-		labels := sb.GetLabels()
+		labels, meta := sb.GetLabels(), sb.GetMetadata()
 		ps := statsapi.PodStats{
 			PodRef: statsapi.PodReference{
-				Name:      labels[cri.LabelPodName],
-				Namespace: labels[cri.LabelPodNamespace],
-				UID:       labels[cri.LabelPodUID],
+				Name:      cmp.Or(labels[cri.LabelPodName], meta.GetName()),
+				Namespace: cmp.Or(labels[cri.LabelPodNamespace], meta.GetNamespace()),
+				UID:       cmp.Or(labels[cri.LabelPodUID], meta.GetUid()),
 			},
 			StartTime:  metav1.NewTime(time.Unix(0, sb.GetCreatedAt())),
 			Containers: []statsapi.ContainerStats{},
@@ -318,7 +319,7 @@ func (p *Provider) podStats(ctx context.Context, full bool) ([]statsapi.PodStats
 		})
 		for _, c := range ctrs {
 			seen[c.GetId()] = true
-			cs := p.containerStats(c, statsByID[c.GetId()])
+			cs := p.containerStats(c, statsByID[c.GetId()], nodeSwap)
 			if full {
 				cs.Rootfs = p.rootfsStats(statsByID[c.GetId()], mountFs)
 				cs.Logs = p.logStats(ps.PodRef, cs.Name, *rootFs)
@@ -340,6 +341,10 @@ func (p *Provider) podStats(ctx context.Context, full bool) ([]statsapi.PodStats
 			}
 			ps := build(sb)
 			p.addSandboxStats(&ps, s, full, seen)
+			if ps.Swap == nil {
+				// CRI has no pod-level swap.
+				ps.Swap = sumSwap(ps.Containers)
+			}
 			pods = append(pods, ps)
 		}
 	} else {
@@ -402,13 +407,12 @@ func latestSandboxes(sandboxes []*runtimeapi.PodSandbox) map[string]*runtimeapi.
 }
 
 // containerStats converts the runtime's CPU, memory and swap figures. A container
-// the runtime has no stats for reports zero usage now, as the kubelet's.
-func (p *Provider) containerStats(c *runtimeapi.Container, s *runtimeapi.ContainerStats) statsapi.ContainerStats {
+// the runtime has no stats for reports zero usage now, as the kubelet's. Runtimes
+// that report no swap (containerd 1.6) get zero swap when the node has none, which
+// is then the truth, and none otherwise.
+func (p *Provider) containerStats(c *runtimeapi.Container, s *runtimeapi.ContainerStats, nodeSwap bool) statsapi.ContainerStats {
 	now := metav1.NewTime(p.cfg.Clock.Now())
-	name := c.GetLabels()[cri.LabelContainerName]
-	if name == "" {
-		name = c.GetMetadata().GetName()
-	}
+	name := cmp.Or(c.GetLabels()[cri.LabelContainerName], c.GetMetadata().GetName())
 	cs := statsapi.ContainerStats{
 		Name:      name,
 		StartTime: metav1.NewTime(time.Unix(0, c.GetCreatedAt())),
@@ -423,6 +427,8 @@ func (p *Provider) containerStats(c *runtimeapi.Container, s *runtimeapi.Contain
 	}
 	if sw := s.GetSwap(); sw != nil {
 		cs.Swap = swapStats(sw)
+	} else if !nodeSwap {
+		cs.Swap = &statsapi.SwapStats{Time: cs.Memory.Time, SwapUsageBytes: ptr(uint64(0))}
 	}
 	return cs
 }
@@ -604,7 +610,6 @@ func sumContainers(ps *statsapi.PodStats) {
 	}
 	cpu := &statsapi.CPUStats{}
 	mem := &statsapi.MemoryStats{}
-	var swap *statsapi.SwapStats
 	// A rate is only meaningful when every container has one.
 	rates := true
 	for _, c := range ps.Containers {
@@ -622,18 +627,27 @@ func sumContainers(ps *statsapi.PodStats) {
 			mem.PageFaults = add(mem.PageFaults, c.Memory.PageFaults)
 			mem.MajorPageFaults = add(mem.MajorPageFaults, c.Memory.MajorPageFaults)
 		}
-		if c.Swap != nil {
-			if swap == nil {
-				swap = &statsapi.SwapStats{}
-			}
-			latestTime(&swap.Time, c.Swap.Time)
-			swap.SwapUsageBytes = add(swap.SwapUsageBytes, c.Swap.SwapUsageBytes)
-		}
 	}
 	if !rates {
 		cpu.UsageNanoCores = nil
 	}
-	ps.CPU, ps.Memory, ps.Swap = cpu, mem, swap
+	ps.CPU, ps.Memory, ps.Swap = cpu, mem, sumSwap(ps.Containers)
+}
+
+// sumSwap sums the containers' swap usage, nil when none reports swap.
+func sumSwap(containers []statsapi.ContainerStats) *statsapi.SwapStats {
+	var swap *statsapi.SwapStats
+	for _, c := range containers {
+		if c.Swap == nil {
+			continue
+		}
+		if swap == nil {
+			swap = &statsapi.SwapStats{}
+		}
+		latestTime(&swap.Time, c.Swap.Time)
+		swap.SwapUsageBytes = add(swap.SwapUsageBytes, c.Swap.SwapUsageBytes)
+	}
+	return swap
 }
 
 func latestTime(dst *metav1.Time, t metav1.Time) {

@@ -477,3 +477,24 @@ func TestDirUsage(t *testing.T) {
 	assert.Zero(t, used)
 	assert.Zero(t, inodes)
 }
+
+func TestSwapWithoutNodeSwap(t *testing.T) {
+	fx := newFixture(t, false)
+	fx.host.write(t, "proc/meminfo", "MemTotal:        8192000 kB\nMemFree:         2048000 kB\nSwapTotal:             0 kB\nSwapFree:              0 kB\n")
+	s, err := fx.p.CPUAndMemory(context.Background())
+	require.NoError(t, err)
+	for _, pod := range s.Pods {
+		require.NotNil(t, pod.Swap, pod.PodRef.Name)
+		assert.Equal(t, uint64(0), *pod.Swap.SwapUsageBytes)
+		for _, c := range pod.Containers {
+			require.NotNil(t, c.Swap, c.Name)
+			assert.Equal(t, uint64(0), *c.Swap.SwapUsageBytes)
+			assert.Nil(t, c.Swap.SwapAvailableBytes, "no limit is known")
+		}
+	}
+	text := get(t, fx.p.ResourceMetricsHandler(), http.MethodGet, "/metrics/resource").Body.String()
+	assert.Contains(t, text, `container_swap_usage_bytes{container="db",namespace="default",pod="db"} 0 1796284800000`)
+	assert.Contains(t, text, `pod_swap_usage_bytes{namespace="default",pod="web"} 0 1796284800000`)
+	assert.Contains(t, text, "node_swap_usage_bytes 0 1796284800000")
+	assert.NotContains(t, text, "container_swap_limit_bytes{")
+}
