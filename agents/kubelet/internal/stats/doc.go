@@ -38,9 +38,11 @@
 //     running containers only; podRef from the io.kubernetes.pod.{name,namespace,uid}
 //     labels, startTime the sandbox's and each container's creation time.
 //     Containers carry the runtime's CPU, memory, swap and writable layer, and
-//     logs measured (allocated blocks, inodes) in <PodLogsDir>/<ns>_<name>_<uid>/
-//     <container> against the root file system's capacity. ephemeral-storage sums
-//     the writable layers and logs.
+//     logs: the allocated blocks and count of the files directly in
+//     <PodLogsDir>/<ns>_<name>_<uid>/<container>, against the root file system's
+//     capacity (no logs stats without that folder). ephemeral-storage sums the
+//     writable layers, the container logs and the files directly in the pod's log
+//     folder.
 //   - Swap: the runtime's per container; runtimes that report none (containerd
 //     1.6) get zero on a node without swap, where it is the truth, as a kubelet
 //     reads it from cAdvisor, and nothing on a node with swap. Pod swap is the sum

@@ -234,32 +234,33 @@ func (h host) network() ([]netInterface, error) {
 	return out, nil
 }
 
-// dirUsage is the disk space (allocated blocks) and inodes used under dir, as du
-// counts them; a missing dir is empty.
-func dirUsage(dir string) (bytes, inodes uint64, err error) {
-	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
+// dirUsage sums the disk space (allocated blocks, as du counts them) of the files
+// directly in dir, and counts them, as the kubelet measures a container's logs.
+// Sub-folders are not counted; a missing dir is an error.
+func dirUsage(dir string) (bytes, files uint64, err error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
 		}
-		info, err := d.Info()
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
+		info, err := e.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // rotated away meanwhile
 		}
-		inodes++
+		if err != nil {
+			return 0, 0, err
+		}
+		files++
 		if st, ok := info.Sys().(*unix.Stat_t); ok {
 			bytes += uint64(st.Blocks) * 512
 		} else {
 			bytes += uint64(info.Size())
 		}
-		return nil
-	})
-	return bytes, inodes, err
+	}
+	return bytes, files, nil
 }
 
 func (h host) readUint(path string) (uint64, error) {

@@ -327,7 +327,9 @@ func (p *Provider) podStats(ctx context.Context, full, nodeSwap bool) ([]statsap
 			ps.Containers = append(ps.Containers, cs)
 		}
 		if full {
-			ps.EphemeralStorage = ephemeralStorage(ps.Containers, *rootFs)
+			// Files directly in the pod's log folder count too, as the kubelet's.
+			podLogs, podLogFiles, _ := p.host.dirUsage(p.podLogDir(ps.PodRef))
+			ps.EphemeralStorage = ephemeralStorage(ps.Containers, *rootFs, podLogs, podLogFiles)
 		}
 		return ps
 	}
@@ -513,28 +515,37 @@ func (p *Provider) rootfsStats(s *runtimeapi.ContainerStats, mountFs map[string]
 	return fs
 }
 
-// logStats measures the container's log folder under PodLogsDir; capacity is the
-// root file system's, as the kubelet reports it.
+// logStats measures the files in the container's log folder under PodLogsDir;
+// capacity is the root file system's, as the kubelet reports it. A missing folder
+// gives no logs stats, an empty one no usage figures.
 func (p *Provider) logStats(ref statsapi.PodReference, container string, rootFs fsInfo) *statsapi.FsStats {
-	dir := filepath.Join(p.cfg.PodLogsDir, ref.Namespace+"_"+ref.Name+"_"+ref.UID, container)
-	used, inodes, err := p.host.dirUsage(dir)
+	dir := filepath.Join(p.podLogDir(ref), container)
+	used, files, err := p.host.dirUsage(dir)
 	if err != nil {
 		return nil
 	}
-	return &statsapi.FsStats{
+	s := &statsapi.FsStats{
 		Time:           metav1.NewTime(p.cfg.Clock.Now()),
 		AvailableBytes: ptr(rootFs.available),
 		CapacityBytes:  ptr(rootFs.capacity),
 		InodesFree:     ptr(rootFs.inodesFree),
 		Inodes:         ptr(rootFs.inodes),
-		UsedBytes:      ptr(used),
-		InodesUsed:     ptr(inodes),
 	}
+	if files > 0 {
+		s.UsedBytes, s.InodesUsed = ptr(used), ptr(files)
+	}
+	return s
 }
 
-// ephemeralStorage sums the containers' writable layers and logs.
-func ephemeralStorage(containers []statsapi.ContainerStats, rootFs fsInfo) *statsapi.FsStats {
-	var used, inodes uint64
+// podLogDir is the kubelet's <podLogsDir>/<namespace>_<name>_<uid>.
+func (p *Provider) podLogDir(ref statsapi.PodReference) string {
+	return filepath.Join(p.cfg.PodLogsDir, ref.Namespace+"_"+ref.Name+"_"+ref.UID)
+}
+
+// ephemeralStorage sums the containers' writable layers and logs and the pod's
+// own log files.
+func ephemeralStorage(containers []statsapi.ContainerStats, rootFs fsInfo, podLogs, podLogFiles uint64) *statsapi.FsStats {
+	used, inodes := podLogs, podLogFiles
 	var latest time.Time
 	for _, c := range containers {
 		for _, fs := range []*statsapi.FsStats{c.Rootfs, c.Logs} {

@@ -159,10 +159,8 @@ func (h *testHost) host() host {
 		procCount: func() (uint64, error) { return 321, nil },
 		// Block counts depend on the file system; the real dirUsage has its own test.
 		dirUsage: func(dir string) (uint64, uint64, error) {
-			if _, err := os.Stat(dir); err != nil {
-				return 0, 0, nil
-			}
-			return 12288, 2, nil
+			_, files, err := dirUsage(dir)
+			return files * 12288, files, err
 		},
 	}
 }
@@ -204,10 +202,14 @@ func newFixture(t *testing.T, unified bool) *fixture {
 	p, err := New(Config{Runtime: rt, NodeName: "node-1", RootDir: "/var/lib/kubelet", PodLogsDir: logs, Clock: clk})
 	require.NoError(t, err)
 	p.host = h.host()
-	// 10 KiB of logs for web/app.
+	// A log file for web/app.
 	dir := filepath.Join(logs, "default_web_uid-web", "app")
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "0.log"), make([]byte, 10<<10), 0o644))
+	// A pod-level file (the kubelet keeps none today, but counts them).
+	require.NoError(t, os.WriteFile(filepath.Join(logs, "default_web_uid-web", "pod.log"), nil, 0o644))
+	// An empty folder for web/sidecar; none for db.
+	require.NoError(t, os.MkdirAll(filepath.Join(logs, "default_web_uid-web", "sidecar"), 0o755))
 	return &fixture{rt: rt, host: h, clock: clk, p: p, logs: logs}
 }
 
@@ -274,7 +276,11 @@ func TestSummaryGolden(t *testing.T) {
 			assert.Equal(t, uint64(150_000_000), *web.CPU.UsageNanoCores, "pod = app + sidecar")
 			assert.Equal(t, uint64(120<<20), *web.Memory.WorkingSetBytes)
 			assert.Equal(t, uint64(12288), *web.Containers[0].Logs.UsedBytes)
-			assert.Equal(t, uint64(12288+8192+8192), *web.EphemeralStorage.UsedBytes, "logs and two writable layers")
+			require.NotNil(t, web.Containers[1].Logs)
+			assert.Nil(t, web.Containers[1].Logs.UsedBytes, "no log files yet")
+			assert.Equal(t, uint64(100<<30), *web.Containers[1].Logs.CapacityBytes)
+			assert.Nil(t, s.Pods[0].Containers[0].Logs, "no log folder")
+			assert.Equal(t, uint64(12288+12288+8192+8192), *web.EphemeralStorage.UsedBytes, "pod and container logs, two writable layers")
 		})
 	}
 }
@@ -461,21 +467,21 @@ func TestCPUCacheForgetsRemovedContainers(t *testing.T) {
 
 func TestDirUsage(t *testing.T) {
 	dir := t.TempDir()
-	require.NoError(t, os.MkdirAll(filepath.Join(dir, "c"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "c", "sub"), 0o755))
 	data := make([]byte, 10<<10)
 	for i := range data {
 		data[i] = 'x'
 	}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "c", "0.log"), data, 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "c", "1.log"), data, 0o644))
-	used, inodes, err := dirUsage(filepath.Join(dir, "c"))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "c", "sub", "x.log"), data, 0o644))
+	used, files, err := dirUsage(filepath.Join(dir, "c"))
 	require.NoError(t, err)
-	assert.Equal(t, uint64(3), inodes, "the folder and two files")
+	assert.Equal(t, uint64(2), files, "the two files, not the sub-folder")
 	assert.GreaterOrEqual(t, used, uint64(20<<10))
-	used, inodes, err = dirUsage(filepath.Join(dir, "missing"))
-	require.NoError(t, err)
-	assert.Zero(t, used)
-	assert.Zero(t, inodes)
+	assert.Less(t, used, uint64(30<<10))
+	_, _, err = dirUsage(filepath.Join(dir, "missing"))
+	require.ErrorIs(t, err, os.ErrNotExist)
 }
 
 func TestSwapWithoutNodeSwap(t *testing.T) {
