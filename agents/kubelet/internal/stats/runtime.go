@@ -3,6 +3,7 @@ package stats
 import (
 	"context"
 	"fmt"
+	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -22,9 +23,13 @@ type Runtime interface {
 }
 
 // CRIRuntime adapts c to Runtime. *cri.Client has no wrappers for the stats calls,
-// so they go to its raw gRPC clients under ctx; their gRPC status stays wrapped for
-// status.Code.
+// so they go to its raw gRPC clients under ctx and callTimeout; their gRPC status
+// stays wrapped for status.Code.
 func CRIRuntime(c *cri.Client) Runtime { return criRuntime{c} }
+
+// callTimeout bounds the raw stats calls as cri.Client bounds its own: the
+// kubelet's default --runtime-request-timeout.
+const callTimeout = 2 * time.Minute
 
 type criRuntime struct{ c *cri.Client }
 
@@ -37,6 +42,8 @@ func (r criRuntime) ListContainers(ctx context.Context, filter *runtimeapi.Conta
 }
 
 func (r criRuntime) ListContainerStats(ctx context.Context, filter *runtimeapi.ContainerStatsFilter) ([]*runtimeapi.ContainerStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
 	resp, err := r.c.RuntimeService().ListContainerStats(ctx, &runtimeapi.ListContainerStatsRequest{Filter: filter})
 	if err != nil {
 		return nil, fmt.Errorf("cri ListContainerStats: %w", err)
@@ -45,6 +52,8 @@ func (r criRuntime) ListContainerStats(ctx context.Context, filter *runtimeapi.C
 }
 
 func (r criRuntime) ListPodSandboxStats(ctx context.Context, filter *runtimeapi.PodSandboxStatsFilter) ([]*runtimeapi.PodSandboxStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
 	resp, err := r.c.RuntimeService().ListPodSandboxStats(ctx, &runtimeapi.ListPodSandboxStatsRequest{Filter: filter})
 	if err != nil {
 		return nil, fmt.Errorf("cri ListPodSandboxStats: %w", err)
@@ -53,6 +62,8 @@ func (r criRuntime) ListPodSandboxStats(ctx context.Context, filter *runtimeapi.
 }
 
 func (r criRuntime) ImageFsInfo(ctx context.Context) (*runtimeapi.ImageFsInfoResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
 	resp, err := r.c.ImageService().ImageFsInfo(ctx, &runtimeapi.ImageFsInfoRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("cri ImageFsInfo: %w", err)

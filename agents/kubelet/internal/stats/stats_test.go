@@ -504,3 +504,23 @@ func TestSwapWithoutNodeSwap(t *testing.T) {
 	assert.Contains(t, text, "node_swap_usage_bytes 0 1796284800000")
 	assert.NotContains(t, text, "container_swap_limit_bytes{")
 }
+
+// TestConcurrentScrapes runs summaries and metrics scrapes side by side (go test
+// -race checks the CPU cache and the collector's context hand-over).
+func TestConcurrentScrapes(t *testing.T) {
+	fx := newFixture(t, false)
+	sh, mh := fx.p.SummaryHandler(), fx.p.ResourceMetricsHandler()
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			for range 10 {
+				if i%2 == 0 {
+					assert.Equal(t, http.StatusOK, get(t, sh, http.MethodGet, "/stats/summary").Code)
+				} else {
+					assert.Contains(t, get(t, mh, http.MethodGet, "/metrics/resource").Body.String(), "\nresource_scrape_error 0\n")
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
