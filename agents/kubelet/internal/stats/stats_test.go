@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -302,6 +303,30 @@ func TestNodeMemoryWorkingSet(t *testing.T) {
 		assert.Equal(t, tc.workingSet, m.workingSet, "unified=%v", tc.unified)
 		assert.Equal(t, tc.rss, m.rss, "unified=%v", tc.unified)
 		assert.Equal(t, uint64(8192000*1024), m.capacity)
+	}
+}
+
+func TestNodeCPU(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		remove string
+		want   time.Duration
+	}{
+		{"v1 cpuacct.usage", "", 5 * time.Second},
+		{"v1 without cpuacct: /proc/stat", "cgroup/cpuacct/cpuacct.usage", 1500 * time.Millisecond},
+		{"v2 cpu.stat", "", 5 * time.Second},
+		{"v2 without cpu.stat: /proc/stat", "cgroup/cpu.stat", 1500 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			th := newTestHost(t, strings.HasPrefix(tc.name, "v2"))
+			if tc.remove != "" {
+				require.NoError(t, os.Remove(filepath.Join(th.dir, tc.remove)))
+			}
+			got, err := th.host().cpuUsage()
+			require.NoError(t, err)
+			// /proc/stat: user 100 + system 50 ticks of 10 ms.
+			assert.Equal(t, uint64(tc.want), got)
+		})
 	}
 }
 
