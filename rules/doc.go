@@ -69,7 +69,7 @@
 // One more: with several service CIDRs, cluster-ips-check has one drop rule per CIDR
 // (`ip daddr { CIDR } drop`) where kube-proxy puts them all in one anonymous set. The
 // only anonymous sets the writer uses are those of LoadBalancerSourceRanges, which
-// the netlink applier creates as nft does (see below).
+// the netlink applier creates as nft does (see Load-balancer source ranges).
 //
 // The table name is configurable (NFTablesConfig.Table), so nodekit can run beside a
 // real kube-proxy without touching its table.
