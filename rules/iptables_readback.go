@@ -159,7 +159,7 @@ func (w *IPTables) Trace(ctx context.Context, p Packet) (*TraceResult, error) {
 		switch k.Action {
 		case "dnat":
 			r := &TraceResult{Verdict: "DNAT", Candidates: k.Endpoints, Path: []string{"PREROUTING", w.chain("SERVICES"), k.Verdict}}
-			r.Masquerade = w.cfg.MasqueradeAll || strings.HasPrefix(k.Verdict, w.chain("EXT-")) ||
+			r.Masquerade = w.cfg.MasqueradeAll || strings.HasPrefix(k.Verdict, w.chain("EXT-")) || strings.HasPrefix(k.Verdict, w.chain("FW-")) ||
 				(w.cfg.ClusterCIDR.IsValid() && p.Src.IsValid() && !w.cfg.ClusterCIDR.Contains(p.Src))
 			for _, c := range k.Endpoints {
 				if c.IP == p.Src {

@@ -26,7 +26,10 @@ func TestNFTablesLoadBalancerSourceRanges(t *testing.T) {
 	for _, applier := range []rules.NFTablesApplier{rules.NFTablesNetlink, rules.NFTablesCLI} {
 		t.Run(string(applier), func(t *testing.T) {
 			e := newNFTEnv(t, 3, rules.NFTablesConfig{Table: "nodekit", Applier: applier, NodeIP: netip.MustParseAddr("192.0.2.1")})
-			testLoadBalancerSourceRanges(t, e.Env, e.sync)
+			testLoadBalancerSourceRanges(t, e.Env, e.sync, func(ctx context.Context, st *rules.State) (d []rules.Drift, err error) {
+				err = e.Node.Do(func() error { d, err = e.w.Drift(ctx, st); return err })
+				return d, err
+			})
 		})
 	}
 }
@@ -52,6 +55,9 @@ func TestIPTablesLoadBalancerSourceRanges(t *testing.T) {
 			}))
 			testLoadBalancerSourceRanges(t, env, func(ctx context.Context, st *rules.State) error {
 				return env.Node.Do(func() error { return w.Sync(ctx, st) })
+			}, func(ctx context.Context, st *rules.State) (d []rules.Drift, err error) {
+				err = env.Node.Do(func() error { d, err = w.Drift(ctx, st); return err })
+				return d, err
 			})
 		})
 	}
@@ -62,7 +68,8 @@ func TestIPTablesLoadBalancerSourceRanges(t *testing.T) {
 // then the other (a partial sync), then are removed. The one outside the ranges
 // has its SYN to the load-balancer IP dropped; both always reach the cluster IP
 // and the node port, which the ranges never restrict, as in kube-proxy.
-func testLoadBalancerSourceRanges(t *testing.T, e *netns.Env, sync func(context.Context, *rules.State) error) {
+func testLoadBalancerSourceRanges(t *testing.T, e *netns.Env, sync func(context.Context, *rules.State) error,
+	drift func(context.Context, *rules.State) ([]rules.Drift, error)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	eps := []rules.Endpoint{{IP: e.Pods[0].IP, Port: e.Pods[0].HTTPPort}, {IP: e.Pods[1].IP, Port: e.Pods[1].HTTPPort}}
@@ -85,6 +92,9 @@ func testLoadBalancerSourceRanges(t *testing.T, e *netns.Env, sync func(context.
 	}
 	unrestricted := func(t *testing.T) {
 		t.Helper()
+		d, err := drift(ctx, st)
+		require.NoError(t, err)
+		require.Empty(t, d, "read-back follows the firewall chains to the endpoints")
 		for _, ns := range []*netns.Namespace{client, pod} {
 			reaches(t, ns, vip)
 			reaches(t, ns, nodePort)

@@ -246,3 +246,20 @@ func TestIntervalElements(t *testing.T) {
 		assert.Equal(t, tc.want, str(intervalElements(tc.in)), "%v", tc.in)
 	}
 }
+
+// TestIPTablesTraceThroughFirewall: read-back follows KUBE-FW- to the endpoints,
+// and Trace knows load-balancer traffic through it is masqueraded (it goes on to
+// KUBE-EXT-, which marks it).
+func TestIPTablesTraceThroughFirewall(t *testing.T) {
+	cfg := IPTablesConfig{Mode: IPTablesLegacy}
+	payload, err := RenderIPTables(cfg, sourceRangeState())
+	require.NoError(t, err)
+	require.NoError(t, cfg.setDefaults())
+	w := &IPTables{cfg: cfg, run: (&fakeRunner{save: payload}).run}
+	r, err := w.Trace(context.Background(), Packet{Src: ip("203.0.113.5"), Dst: ip("5.6.7.8"), Protocol: TCP, Port: 80})
+	require.NoError(t, err)
+	assert.Equal(t, "DNAT", r.Verdict)
+	assert.Equal(t, []Endpoint{ep("10.180.0.3", 80)}, r.Candidates)
+	assert.Contains(t, r.Path, "KUBE-FW-NUKIZ6OKUXPJNT4C")
+	assert.True(t, r.Masquerade)
+}
