@@ -29,6 +29,9 @@ func TestNFTablesLoadBalancerSourceRanges(t *testing.T) {
 			testLoadBalancerSourceRanges(t, e.Env, e.sync, func(ctx context.Context, st *rules.State) (d []rules.Drift, err error) {
 				err = e.Node.Do(func() error { d, err = e.w.Drift(ctx, st); return err })
 				return d, err
+			}, func(ctx context.Context, p rules.Packet) (r *rules.TraceResult, err error) {
+				err = e.Node.Do(func() error { r, err = e.w.Trace(ctx, p); return err })
+				return r, err
 			})
 		})
 	}
@@ -58,6 +61,9 @@ func TestIPTablesLoadBalancerSourceRanges(t *testing.T) {
 			}, func(ctx context.Context, st *rules.State) (d []rules.Drift, err error) {
 				err = env.Node.Do(func() error { d, err = w.Drift(ctx, st); return err })
 				return d, err
+			}, func(ctx context.Context, p rules.Packet) (r *rules.TraceResult, err error) {
+				err = env.Node.Do(func() error { r, err = w.Trace(ctx, p); return err })
+				return r, err
 			})
 		})
 	}
@@ -69,7 +75,7 @@ func TestIPTablesLoadBalancerSourceRanges(t *testing.T) {
 // has its SYN to the load-balancer IP dropped; both always reach the cluster IP
 // and the node port, which the ranges never restrict, as in kube-proxy.
 func testLoadBalancerSourceRanges(t *testing.T, e *netns.Env, sync func(context.Context, *rules.State) error,
-	drift func(context.Context, *rules.State) ([]rules.Drift, error)) {
+	drift func(context.Context, *rules.State) ([]rules.Drift, error), trace func(context.Context, rules.Packet) (*rules.TraceResult, error)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	eps := []rules.Endpoint{{IP: e.Pods[0].IP, Port: e.Pods[0].HTTPPort}, {IP: e.Pods[1].IP, Port: e.Pods[1].HTTPPort}}
@@ -101,10 +107,20 @@ func testLoadBalancerSourceRanges(t *testing.T, e *netns.Env, sync func(context.
 		}
 	}
 
+	traced := func(t *testing.T, src netip.Addr, want string) {
+		t.Helper()
+		r, err := trace(ctx, rules.Packet{Src: src, Dst: lbRangesLB, Protocol: rules.TCP, Port: 80})
+		require.NoError(t, err)
+		require.Equal(t, want, r.Verdict, "trace from %v: %v", src, r.Path)
+	}
+
 	t.Run("a client inside the range reaches the load-balancer IP, one outside is dropped", func(t *testing.T) {
 		reaches(t, client, lb)
 		requireDropped(ctx, t, pod, lb)
 		unrestricted(t)
+		traced(t, e.ClientIP, "DNAT")
+		traced(t, e.Pods[2].IP, "DROP")
+		traced(t, lbRangesLB, "DNAT") // the node IP is in the range: the LB IP is an allowed source
 	})
 
 	t.Run("ranges changed by a partial sync: the other client is admitted", func(t *testing.T) {
@@ -113,6 +129,8 @@ func testLoadBalancerSourceRanges(t *testing.T, e *netns.Env, sync func(context.
 		reaches(t, pod, lb)
 		requireDropped(ctx, t, client, lb)
 		unrestricted(t)
+		traced(t, e.ClientIP, "DROP")
+		traced(t, e.Pods[2].IP, "DNAT")
 	})
 
 	t.Run("one range, a plain match", func(t *testing.T) {

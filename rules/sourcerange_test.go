@@ -263,3 +263,42 @@ func TestIPTablesTraceThroughFirewall(t *testing.T) {
 	assert.Contains(t, r.Path, "KUBE-FW-NUKIZ6OKUXPJNT4C")
 	assert.True(t, r.Masquerade)
 }
+
+// TestTraceSourceRanges: Trace reports a source outside the ranges as dropped.
+func TestTraceSourceRanges(t *testing.T) {
+	cfg := IPTablesConfig{Mode: IPTablesLegacy, NodeIP: ip("192.168.0.2")}
+	payload, err := RenderIPTables(cfg, sourceRangeState())
+	require.NoError(t, err)
+	require.NoError(t, cfg.setDefaults())
+	w := &IPTables{cfg: cfg, run: (&fakeRunner{save: payload}).run}
+	for _, tc := range []struct {
+		src, dst, want string
+	}{
+		{"203.0.113.5", "5.6.7.8", "DNAT"},
+		{"203.0.113.200", "5.6.7.8", "DROP"},
+		{"198.51.100.1", "1.2.3.4", "DROP"},
+		{"1.2.3.5", "1.2.3.4", "DNAT"}, // an LB IP, allowed as the node IP is in a range
+		{"192.168.0.77", "1.2.3.4", "DNAT"},
+	} {
+		r, err := w.Trace(context.Background(), Packet{Src: ip(tc.src), Dst: ip(tc.dst), Protocol: TCP, Port: 80})
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, r.Verdict, "iptables %s -> %s: %v", tc.src, tc.dst, r.Path)
+	}
+
+	// nftables: the chain as `nft list chain` prints it.
+	for _, tc := range []struct {
+		chain string
+		src   string
+		want  bool
+	}{
+		{"\tchain x {\n\t\tip saddr != { 192.0.2.0/24, 10.96.100.1 } drop\n\t}\n", "192.0.2.9", true},
+		{"\tchain x {\n\t\tip saddr != { 192.0.2.0/24, 10.96.100.1 } drop\n\t}\n", "10.96.100.1", true},
+		{"\tchain x {\n\t\tip saddr != { 192.0.2.0/24, 10.96.100.1 } drop\n\t}\n", "10.96.100.2", false},
+		{"\tchain x {\n\t\tip saddr != 192.0.2.2 drop\n\t}\n", "192.0.2.2", true},
+		{"\tchain x {\n\t\tip saddr != 192.0.2.2 drop\n\t}\n", "192.0.2.3", false},
+		{"\tchain x {\n\t\tip saddr != { 10.0.0.0-12.255.255.255 } drop\n\t}\n", "11.1.1.1", true},
+		{"\tchain x {\n\t\tip saddr != { 10.0.0.0-12.255.255.255 } drop\n\t}\n", "13.0.0.0", false},
+	} {
+		assert.Equal(t, tc.want, nftFirewallAdmits(tc.chain, ip(tc.src)), "%s from %s", tc.chain, tc.src)
+	}
+}
