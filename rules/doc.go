@@ -23,6 +23,20 @@
 // State.Validate rejects what cannot be written, naming the service port at fault;
 // every error wraps ErrInvalidState, ErrInvalidConfig or ErrApplyFailed.
 //
+// # Load-balancer source ranges
+//
+// Service.LoadBalancerSourceRanges restrict the sources that reach the
+// LoadBalancerIPs, as kube-proxy 1.37 does: nftables looks new connections to those
+// destinations up in the firewall-ips map from firewall-check (filter hooks, before
+// DNAT) and sends them to a firewall-HASH-ns/name/proto/port chain whose one rule
+// drops every other source (`ip saddr != { a , b } drop`); iptables sends them through
+// KUBE-FW-<hash>, which passes the allowed sources on to KUBE-EXT-<hash>, and the
+// filter table's KUBE-PROXY-FIREWALL drops what reached its end undNATed. When a range
+// holds the configured NodeIP, the load-balancer IPs count as allowed sources too.
+// The cluster IP, external IPs and node port are never restricted. The netlink
+// applier writes a multi-element set as nft does: an anonymous constant interval set
+// created in the same batch, just before its rule.
+//
 // # nftables
 //
 // NFTables writes one table of the ip family with kube-proxy 1.37's nftables layout,
@@ -52,9 +66,10 @@
 // packet then escapes DNAT and cluster-ips-check rejects it. Rules with immediate
 // targets keep working through the switch, so no new connection is lost.
 //
-// Two more: with several service CIDRs, cluster-ips-check has one drop rule per CIDR
-// (`ip daddr { CIDR } drop`) where kube-proxy puts them all in one anonymous set; and
-// the writer never uses anonymous sets at all, so its netlink encoding stays simple.
+// One more: with several service CIDRs, cluster-ips-check has one drop rule per CIDR
+// (`ip daddr { CIDR } drop`) where kube-proxy puts them all in one anonymous set. The
+// only anonymous sets the writer uses are those of LoadBalancerSourceRanges, which
+// the netlink applier creates as nft does (see Load-balancer source ranges).
 //
 // The table name is configurable (NFTablesConfig.Table), so nodekit can run beside a
 // real kube-proxy without touching its table.

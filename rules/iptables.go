@@ -49,6 +49,10 @@ type IPTablesConfig struct {
 	ClusterCIDR netip.Prefix
 	// MasqueradeAll masquerades all ClusterIP traffic.
 	MasqueradeAll bool
+	// NodeIP is the node's primary IPv4 address (kube-proxy's nodeIP). When a
+	// service's LoadBalancerSourceRanges contain it, the service's load-balancer
+	// IPs are allowed as sources too. Zero means no such allowance.
+	NodeIP netip.Addr
 	// Clock times syncs. Nil means the real clock.
 	Clock clock.PassiveClock
 	// Metrics receives sync results. Nil means none.
@@ -72,6 +76,9 @@ func (c *IPTablesConfig) setDefaults() error {
 	}
 	if err := defaultMarkAndCIDR(&c.MasqueradeMark, c.ClusterCIDR); err != nil {
 		return err
+	}
+	if c.NodeIP.IsValid() && !c.NodeIP.Is4() {
+		return fmt.Errorf("%w: node IP %v is not IPv4", ErrInvalidConfig, c.NodeIP)
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
@@ -202,6 +209,7 @@ type iptPlan struct {
 type iptDest struct {
 	ip   netip.Addr
 	what string
+	lb   bool // a load-balancer IP, subject to LoadBalancerSourceRanges
 }
 
 func quoteComment(c string) string {
@@ -251,10 +259,10 @@ func (w *IPTables) compile(st *State) (*iptPlan, error) {
 		}
 		var externalDests []iptDest
 		for _, ip := range s.ExternalIPs {
-			externalDests = append(externalDests, iptDest{ip, "external IP"})
+			externalDests = append(externalDests, iptDest{ip, "external IP", false})
 		}
 		for _, ip := range s.LoadBalancerIPs {
-			externalDests = append(externalDests, iptDest{ip, "loadbalancer IP"})
+			externalDests = append(externalDests, iptDest{ip, "loadbalancer IP", true})
 		}
 		pol := s.policy()
 		target := func(a NoEndpointsAction) (string, string) {
@@ -280,6 +288,18 @@ func (w *IPTables) compile(st *State) (*iptPlan, error) {
 					fmt.Sprintf("-m comment --comment %s -m addrtype --dst-type LOCAL -m %s -p %s --dport %d -j %s", c, proto, proto, s.NodePort, t))
 			}
 		}
+		// LoadBalancerSourceRanges: load-balancer traffic goes through the FW
+		// chain, which sends the allowed sources on to the EXT chain. What reaches
+		// the end of it is not DNATed, so the filter table's PROXY-FIREWALL, seeing
+		// the load-balancer IP still as destination, drops it.
+		fwChain := w.chain("FW-" + hash)
+		usesFW := pol.hasEndpoints && s.usesFirewall()
+		if usesFW {
+			for _, ip := range s.LoadBalancerIPs {
+				p.filterTop[firewall] = append(p.filterTop[firewall], fmt.Sprintf("-m comment --comment %s %s -j DROP",
+					quoteComment(name+" traffic not accepted by "+fwChain), match(ip)))
+			}
+		}
 		if !pol.hasEndpoints {
 			continue
 		}
@@ -297,8 +317,12 @@ func (w *IPTables) compile(st *State) (*iptPlan, error) {
 		}
 		if s.externallyAccessible() {
 			for _, d := range externalDests {
+				target := extChain
+				if d.lb && usesFW {
+					target = fwChain
+				}
 				p.natTop[services] = append(p.natTop[services],
-					fmt.Sprintf("-m comment --comment %s %s -j %s", quoteComment(name+" "+d.what), match(d.ip), extChain))
+					fmt.Sprintf("-m comment --comment %s %s -j %s", quoteComment(name+" "+d.what), match(d.ip), target))
 			}
 			if s.NodePort != 0 {
 				p.natTop[nodePorts] = append(p.natTop[nodePorts],
@@ -323,6 +347,19 @@ func (w *IPTables) compile(st *State) (*iptPlan, error) {
 				ext = append(ext, "-j "+externalPolicyChain)
 			}
 			p.svc[extChain] = ext
+		}
+		if usesFW {
+			lbComment := quoteComment(name + " loadbalancer IP")
+			var fw []string
+			for _, r := range s.LoadBalancerSourceRanges {
+				fw = append(fw, fmt.Sprintf("-m comment --comment %s -s %s -j %s", lbComment, r.Masked(), extChain))
+			}
+			if s.allowsNode(w.cfg.NodeIP) {
+				for _, ip := range s.LoadBalancerIPs {
+					fw = append(fw, fmt.Sprintf("-m comment --comment %s -s %s -j %s", lbComment, ip, extChain))
+				}
+			}
+			p.svc[fwChain] = append(fw, "-m comment --comment "+quoteComment("other traffic to "+name+" will be dropped by "+firewall))
 		}
 		affinity := int(s.AffinityTimeout / time.Second)
 		policyChain := func(eps []Endpoint, masq bool) []string {

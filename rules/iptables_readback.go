@@ -11,7 +11,7 @@ import (
 
 // iptRule is one -A line of iptables-save, with the options the read-back needs.
 type iptRule struct {
-	chain, dst, proto, dport, target, toDest string
+	chain, src, dst, proto, dport, target, toDest string
 }
 
 // parseSave splits iptables-save output into the -A rules of each table.
@@ -30,6 +30,8 @@ func parseSave(out string) map[string][]iptRule {
 		r := iptRule{chain: f[1]}
 		for i := 2; i+1 < len(f); i++ {
 			switch f[i] {
+			case "-s":
+				r.src = f[i+1]
 			case "-d":
 				r.dst = strings.TrimSuffix(f[i+1], "/32")
 			case "-p":
@@ -78,9 +80,15 @@ func splitQuoted(s string) []string {
 // ReadBack lists the service destinations the writer's chains steer or refuse, with
 // the endpoints each reaches, from one iptables-save.
 func (w *IPTables) ReadBack(ctx context.Context) ([]KernelService, error) {
+	ks, _, err := w.readBack(ctx)
+	return ks, err
+}
+
+// readBack is ReadBack, also returning the nat rules by chain.
+func (w *IPTables) readBack(ctx context.Context) ([]KernelService, map[string][]iptRule, error) {
 	out, err := w.run(ctx, "", w.cfg.binary("iptables-save"))
 	if err != nil {
-		return nil, fmt.Errorf("read tables (%s): %w", w.cfg.Mode, err)
+		return nil, nil, fmt.Errorf("read tables (%s): %w", w.cfg.Mode, err)
 	}
 	tables := parseSave(out)
 	byChain := map[string][]iptRule{}
@@ -127,7 +135,21 @@ func (w *IPTables) ReadBack(ctx context.Context) ([]KernelService, error) {
 		}
 	}
 	slices.SortFunc(ks, func(a, b KernelService) int { return strings.Compare(a.Dest, b.Dest) })
-	return ks, nil
+	return ks, byChain, nil
+}
+
+// firewallAdmits reports whether a KUBE-FW- chain sends src on (a -s match jumping
+// to a KUBE-EXT- chain); what it does not is dropped by KUBE-PROXY-FIREWALL.
+func (w *IPTables) firewallAdmits(rules []iptRule, src netip.Addr) bool {
+	for _, r := range rules {
+		if r.src == "" || !strings.HasPrefix(r.target, w.chain("EXT-")) {
+			continue
+		}
+		if pfx, err := parsePrefix4(r.src); err == nil && pfx.Contains(src) {
+			return true
+		}
+	}
+	return false
 }
 
 // Drift compares the writer's chains in the kernel with st; see NFTables.Drift.
@@ -147,7 +169,7 @@ func (w *IPTables) Trace(ctx context.Context, p Packet) (*TraceResult, error) {
 	if !p.Dst.Is4() || p.Port < 1 || p.Port > 65535 {
 		return nil, fmt.Errorf("%w: trace of %v:%d", ErrInvalidState, p.Dst, p.Port)
 	}
-	ks, err := w.ReadBack(ctx)
+	ks, nat, err := w.readBack(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -158,8 +180,12 @@ func (w *IPTables) Trace(ctx context.Context, p Packet) (*TraceResult, error) {
 		}
 		switch k.Action {
 		case "dnat":
+			if fw := w.chain("FW-"); strings.HasPrefix(k.Verdict, fw) && p.Src.IsValid() && !w.firewallAdmits(nat[k.Verdict], p.Src) {
+				return &TraceResult{Verdict: "DROP", Path: []string{"PREROUTING", w.chain("SERVICES"), k.Verdict,
+					"FORWARD", w.chain("PROXY-FIREWALL") + " (source not in loadBalancerSourceRanges)"}}, nil
+			}
 			r := &TraceResult{Verdict: "DNAT", Candidates: k.Endpoints, Path: []string{"PREROUTING", w.chain("SERVICES"), k.Verdict}}
-			r.Masquerade = w.cfg.MasqueradeAll || strings.HasPrefix(k.Verdict, w.chain("EXT-")) ||
+			r.Masquerade = w.cfg.MasqueradeAll || strings.HasPrefix(k.Verdict, w.chain("EXT-")) || strings.HasPrefix(k.Verdict, w.chain("FW-")) ||
 				(w.cfg.ClusterCIDR.IsValid() && p.Src.IsValid() && !w.cfg.ClusterCIDR.Contains(p.Src))
 			for _, c := range k.Endpoints {
 				if c.IP == p.Src {

@@ -13,6 +13,7 @@ const (
 	nftLocalPrefix    = "local-"
 	nftEndpointPrefix = "endpoint-"
 	nftAffinityPrefix = "affinity-"
+	nftFirewallPrefix = "firewall-"
 	// nftNameMax is nftables' limit on object names; kube-proxy keeps 16 for the
 	// prefix and truncates the rest.
 	nftNameMax     = 256

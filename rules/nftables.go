@@ -87,6 +87,11 @@ type NFTablesConfig struct {
 	// NodePortAddresses are the node IPs that accept NodePort traffic. Empty means
 	// every local address except loopback.
 	NodePortAddresses []netip.Addr
+	// NodeIP is the node's primary IPv4 address (kube-proxy's nodeIP). When a
+	// service's LoadBalancerSourceRanges contain it, the service's load-balancer
+	// IPs are allowed as sources too, for requests from the node to a VIP it holds
+	// as a local address. Zero means no such allowance.
+	NodeIP netip.Addr
 	// Clock times syncs. Nil means the real clock.
 	Clock clock.PassiveClock
 	// Metrics receives sync results. Nil means none.
@@ -129,6 +134,9 @@ func (c *NFTablesConfig) setDefaults() error {
 		if !a.Is4() {
 			return fmt.Errorf("%w: node port address %v is not IPv4", ErrInvalidConfig, a)
 		}
+	}
+	if c.NodeIP.IsValid() && !c.NodeIP.Is4() {
+		return fmt.Errorf("%w: node IP %v is not IPv4", ErrInvalidConfig, c.NodeIP)
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
@@ -376,6 +384,7 @@ func serviceSame(a, b *Service) bool {
 	return a.Namespace == b.Namespace && a.Name == b.Name && a.PortName == b.PortName && a.Protocol == b.Protocol &&
 		a.ClusterIP == b.ClusterIP && a.Port == b.Port && a.NodePort == b.NodePort &&
 		slices.Equal(a.ExternalIPs, b.ExternalIPs) && slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) &&
+		slices.Equal(a.LoadBalancerSourceRanges, b.LoadBalancerSourceRanges) &&
 		slices.Equal(a.Endpoints, b.Endpoints) && a.AffinityTimeout == b.AffinityTimeout && a.NoEndpoints == b.NoEndpoints &&
 		a.InternalLocal == b.InternalLocal && a.ExternalLocal == b.ExternalLocal && slices.Equal(a.LocalEndpoints, b.LocalEndpoints)
 }
@@ -425,6 +434,7 @@ func (w *NFTables) compileService(s *Service) *svcRules {
 	r := &svcRules{id: idOf(s), svc: *s, affinity: map[string]time.Duration{}}
 	r.svc.ExternalIPs = slices.Clone(s.ExternalIPs)
 	r.svc.LoadBalancerIPs = slices.Clone(s.LoadBalancerIPs)
+	r.svc.LoadBalancerSourceRanges = slices.Clone(s.LoadBalancerSourceRanges)
 	r.svc.Endpoints = slices.Clone(s.Endpoints)
 	r.svc.LocalEndpoints = slices.Clone(s.LocalEndpoints)
 	byName := map[string]*svcChain{}
@@ -470,6 +480,18 @@ func (w *NFTables) compileService(s *Service) *svcRules {
 		if s.NodePort != 0 {
 			addElem(&knftables.Element{Map: mapNoEndpointNodePorts, Key: []string{proto, strconv.Itoa(s.NodePort)},
 				Value: []string{verdict(pol.externalVerdict)}, Comment: &comment})
+		}
+	}
+	// LoadBalancerSourceRanges: firewall-check (in the filter hooks, before DNAT)
+	// sends new connections to a restricted load-balancer IP through the port's
+	// firewall chain, which drops sources outside the ranges. Written whether or
+	// not the port has endpoints, as kube-proxy does.
+	if s.usesFirewall() {
+		fwChain := nftFirewallPrefix + base
+		addChain(fwChain, w.firewallRule(s))
+		for _, ip := range s.LoadBalancerIPs {
+			addElem(&knftables.Element{Map: mapFirewallIPs, Key: []string{ip.String(), proto, port},
+				Value: []string{"goto " + fwChain}})
 		}
 	}
 	if !pol.hasEndpoints {
@@ -561,6 +583,22 @@ func (w *NFTables) compileService(s *Service) *svcRules {
 			Key: []string{ep.IP.String(), ep.IP.String(), proto, strconv.Itoa(ep.Port)}})
 	}
 	return r
+}
+
+// firewallRule is the one rule of a firewall chain: drop every source outside the
+// ranges, the load-balancer IPs counting as inside when the node's IP is.
+// Elements are separated as kube-proxy's knftables.Concat separates them (" , ").
+func (w *NFTables) firewallRule(s *Service) string {
+	sources := make([]string, 0, len(s.LoadBalancerSourceRanges)+len(s.LoadBalancerIPs))
+	for _, p := range s.LoadBalancerSourceRanges {
+		sources = append(sources, p.Masked().String())
+	}
+	if s.allowsNode(w.cfg.NodeIP) {
+		for _, ip := range s.LoadBalancerIPs {
+			sources = append(sources, ip.String())
+		}
+	}
+	return "ip saddr != { " + strings.Join(sources, " , ") + " } drop"
 }
 
 // pickRules turns n terminal verdicts into n rules (each starting with match) that

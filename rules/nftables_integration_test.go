@@ -495,6 +495,18 @@ func equivalenceState() *rules.State {
 			ExternalLocal: true, Endpoints: []rules.Endpoint{ep("10.244.1.12", 8080)}},
 		{Namespace: "default", Name: "int-local", Protocol: rules.TCP, ClusterIP: addr("10.96.0.16"), Port: 80,
 			InternalLocal: true, LocalEndpoints: []rules.Endpoint{ep("10.244.1.10", 8080)}},
+		// LoadBalancerSourceRanges: several ranges (an anonymous interval set, with
+		// ranges to merge and one reaching 255.255.255.255), one holding the node IP
+		// of the first configuration (its load-balancer IPs then allowed too); and
+		// one range on a port with no endpoints (a plain match).
+		{Namespace: "default", Name: "lb-ranges", Protocol: rules.TCP, ClusterIP: addr("10.96.0.17"), Port: 80, NodePort: 30086,
+			LoadBalancerIPs: []netip.Addr{addr("203.0.113.9"), addr("203.0.113.10")},
+			LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("198.51.100.128/25"),
+				netip.MustParsePrefix("198.51.100.0/25"), netip.MustParsePrefix("255.255.255.0/24")},
+			Endpoints: []rules.Endpoint{ep("10.244.1.10", 8080)}},
+		{Namespace: "default", Name: "lb-one-range", Protocol: rules.UDP, ClusterIP: addr("10.96.0.18"), Port: 53,
+			LoadBalancerIPs:          []netip.Addr{addr("203.0.113.11")},
+			LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}},
 	}}
 }
 
@@ -513,7 +525,8 @@ func TestNFTablesNetlinkMatchesCLI(t *testing.T) {
 		{"cluster CIDR, service CIDRs, node port addresses", rules.NFTablesConfig{Table: "equiv",
 			ClusterCIDR:       netip.MustParsePrefix("10.244.0.0/16"),
 			ServiceCIDRs:      []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("172.30.0.0/16")},
-			NodePortAddresses: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("10.0.0.1")}}},
+			NodePortAddresses: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("10.0.0.1")},
+			NodeIP:            netip.MustParseAddr("192.0.2.1")}},
 		{"masquerade all, every node address, own mark", rules.NFTablesConfig{Table: "equiv", MasqueradeAll: true, MasqueradeMark: 0x8000}},
 		{"cluster CIDR not byte aligned", rules.NFTablesConfig{Table: "equiv", ClusterCIDR: netip.MustParsePrefix("10.240.0.0/12")}},
 	} {
@@ -586,6 +599,14 @@ func TestNFTablesNetlinkMatchesCLI(t *testing.T) {
 				{"affinity off, external IP gone", func(s *rules.State) {
 					s.Services[0].AffinityTimeout = 0
 					s.Services[0].ExternalIPs = nil
+				}},
+				{"source ranges changed (indexes after the deletion above)", func(s *rules.State) {
+					s.Services[8].LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("0.0.0.0/8")}
+					s.Services[9].LoadBalancerSourceRanges = append(s.Services[9].LoadBalancerSourceRanges, netip.MustParsePrefix("192.0.2.7/32"))
+				}},
+				{"source ranges removed, one range left", func(s *rules.State) {
+					s.Services[8].LoadBalancerSourceRanges = nil
+					s.Services[9].LoadBalancerSourceRanges = s.Services[9].LoadBalancerSourceRanges[1:]
 				}},
 				{"service added", func(s *rules.State) {
 					s.Services = append(s.Services, rules.Service{Namespace: "other", Name: "new", Protocol: rules.UDP,

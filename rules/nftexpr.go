@@ -34,6 +34,7 @@ var errUnsupportedRule = errors.New("rule outside the grammar the netlink applie
 //	           | "meta" "l4proto" PROTO
 //	           | sel ("." sel)* ("@" SET | "vmap" "@" MAP)
 //	           | ("ip saddr" | "ip daddr") ["!="] (ADDR | PREFIX | "{" PREFIX "}")
+//	           | "ip saddr" ["!="] "{" PREFIX ("," PREFIX)+ "}"
 //	           | "update" "@" SET "{" "ip" "saddr" "}"
 //	           | "dnat" "to" ADDR ":" PORT
 //	           | "masquerade" "fully-random" | "reject" | "drop" | "accept"
@@ -88,6 +89,9 @@ type exprEncoder struct {
 	b     *nlBatch
 	cache map[string][]byte
 	key   []byte // scratch for cache keys
+	// anon are the set IDs of the anonymous sets created for the rule being
+	// encoded, in the order its lookups use them.
+	anon []uint32
 }
 
 func (e *exprEncoder) encode(exprs []expr.Any) ([]byte, error) {
@@ -431,22 +435,100 @@ func (p *ruleParser) match() error {
 			op = expr.CmpOpNeq
 			p.i++
 		}
-		v := p.next()
-		if v == "{" && op == expr.CmpOpEq {
-			// A one-element anonymous set: nft turns it into a plain match.
-			v = p.next()
-			if err := p.expect("}"); err != nil {
+		var pfxs []netip.Prefix
+		if p.peek(0) == "{" {
+			var err error
+			if pfxs, err = p.braces(); err != nil {
 				return err
 			}
+		} else {
+			pfx, err := parsePrefix4(p.next())
+			if err != nil {
+				return err
+			}
+			pfxs = []netip.Prefix{pfx}
 		}
-		pfx, err := parsePrefix4(v)
-		if err != nil {
-			return err
+		if len(pfxs) == 1 {
+			// One address or prefix, or a one-element anonymous set, which nft
+			// turns into the same plain match.
+			p.emit(prefixMatch(strings.TrimPrefix(s.name, "ip "), op, pfxs[0])...)
+			return nil
 		}
-		p.emit(prefixMatch(strings.TrimPrefix(s.name, "ip "), op, pfx)...)
+		if s.name != "ip saddr" {
+			return errors.New("an anonymous set of several elements is supported for ip saddr only")
+		}
+		// Several elements: a lookup in the anonymous interval set the applier
+		// created just before the rule (see anonSets), "!=" inverting it.
+		lookup := &expr.Lookup{SourceRegister: reg1, SetName: anonSetName, Invert: op == expr.CmpOpNeq}
+		if p.enc != nil {
+			if len(p.enc.anon) == 0 {
+				return errors.New("anonymous set not created before its rule")
+			}
+			lookup.SetID, p.enc.anon = p.enc.anon[0], p.enc.anon[1:]
+		}
+		p.emit(s.load(reg1), lookup)
 		return nil
 	}
 	return fmt.Errorf("nothing to match %s against", sels[0].name)
+}
+
+// anonSetName is the name nft gives an anonymous set; the kernel numbers it.
+const anonSetName = "__set%d"
+
+// braces reads "{ a , b , ... }": addresses or prefixes separated by "," tokens,
+// as knftables.Concat spaces them.
+func (p *ruleParser) braces() ([]netip.Prefix, error) {
+	if err := p.expect("{"); err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for {
+		pfx, err := parsePrefix4(p.next())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, pfx)
+		switch t := p.next(); t {
+		case "}":
+			return out, nil
+		case ",":
+		default:
+			return nil, fmt.Errorf("want \",\" or \"}\" in an anonymous set, got %q", t)
+		}
+	}
+}
+
+// anonSets returns the element lists of the multi-element anonymous sets of a
+// rule ("ip saddr [!=] { ... }"), in the order its lookups use them: the applier
+// creates each set before the rule.
+func anonSets(rule string) ([][]netip.Prefix, error) {
+	if !strings.Contains(rule, "{") {
+		return nil, nil
+	}
+	p := &ruleParser{toks: strings.Fields(rule)}
+	var out [][]netip.Prefix
+	for ; p.i < len(p.toks); p.i++ {
+		if p.toks[p.i] != "ip" || p.peek(1) != "saddr" {
+			continue
+		}
+		j := p.i + 2
+		if j < len(p.toks) && p.toks[j] == "!=" {
+			j++
+		}
+		if j >= len(p.toks) || p.toks[j] != "{" {
+			continue
+		}
+		p.i = j
+		pfxs, err := p.braces()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %q: %v", errUnsupportedRule, rule, err)
+		}
+		p.i--
+		if len(pfxs) > 1 {
+			out = append(out, pfxs)
+		}
+	}
+	return out, nil
 }
 
 func parsePrefix4(s string) (netip.Prefix, error) {

@@ -1,12 +1,14 @@
 package rules
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -490,6 +492,14 @@ func (a *netlinkApplier) rule(b *nlBatch, enc *exprEncoder, op int, r *knftables
 			return err
 		}
 	}
+	sets, err := anonSets(r.Rule)
+	if err != nil {
+		return err
+	}
+	enc.anon = enc.anon[:0]
+	for _, pfxs := range sets {
+		enc.anon = append(enc.anon, a.anonSet(b, op, pfxs))
+	}
 	b.begin(unix.NFT_MSG_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_APPEND, op, 1)
 	b.str(unix.NFTA_RULE_TABLE, a.table)
 	b.str(unix.NFTA_RULE_CHAIN, r.Chain)
@@ -560,6 +570,107 @@ func (a *netlinkApplier) set(b *nlBatch, op int, verb nftVerb, name, typ string,
 	b.end()
 	keys[name] = t
 	return nil
+}
+
+// Userdata of an anonymous "ip saddr" interval set, as nft 1.0.6 writes it: key
+// byte order big endian, merge elements, and the typeof of the payload expression
+// (ip saddr) the set was built from.
+var udAnonSaddrSet = slices.Concat(
+	[]byte{0, 4}, hostU32(2),
+	[]byte{2, 4}, hostU32(1),
+	[]byte{3, 20, 0, 4}, hostU32(7), []byte{1, 12, 0, 4}, hostU32(12), []byte{1, 4}, hostU32(11))
+
+// udIntervalOpen is the element userdata nft puts on an interval that runs to the
+// end of the address space (no end element follows it).
+var udIntervalOpen = slices.Concat([]byte{1, 4}, hostU32(1))
+
+// anonSet writes the messages nft sends before a rule using "ip saddr { ... }":
+// a constant anonymous interval set, and its elements. It returns the set's ID in
+// the batch, which the rule's lookup names.
+func (a *netlinkApplier) anonSet(b *nlBatch, op int, pfxs []netip.Prefix) uint32 {
+	elems := intervalElements(pfxs)
+	b.setID++
+	id := b.setID
+	b.begin(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, op, 1)
+	b.str(unix.NFTA_SET_TABLE, a.table)
+	b.str(unix.NFTA_SET_NAME, anonSetName)
+	b.u32(unix.NFTA_SET_FLAGS, unix.NFT_SET_ANONYMOUS|unix.NFT_SET_CONSTANT|unix.NFT_SET_INTERVAL)
+	b.u32(unix.NFTA_SET_KEY_TYPE, nftDatatypes["ipv4_addr"].id)
+	b.u32(unix.NFTA_SET_KEY_LEN, 4)
+	b.u32(unix.NFTA_SET_ID, id)
+	b.nest(unix.NFTA_SET_DESC)
+	b.u32(unix.NFTA_SET_DESC_SIZE, uint32(len(elems)))
+	b.unnest()
+	b.attr(unix.NFTA_SET_USERDATA, udAnonSaddrSet)
+	b.end()
+	b.begin(unix.NFT_MSG_NEWSETELEM, unix.NLM_F_CREATE, op, 1)
+	b.str(unix.NFTA_SET_ELEM_LIST_TABLE, a.table)
+	b.str(unix.NFTA_SET_ELEM_LIST_SET, anonSetName)
+	b.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, id)
+	b.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+	for _, e := range elems {
+		b.nest(unix.NFTA_LIST_ELEM)
+		if e.end {
+			b.u32(unix.NFTA_SET_ELEM_FLAGS, unix.NFT_SET_ELEM_INTERVAL_END)
+		}
+		b.nest(unix.NFTA_SET_ELEM_KEY)
+		b.attr(unix.NFTA_DATA_VALUE, e.key[:])
+		b.unnest()
+		if e.open {
+			b.attr(unix.NFTA_SET_ELEM_USERDATA, udIntervalOpen)
+		}
+		b.unnest()
+	}
+	b.unnest()
+	b.end()
+	return id
+}
+
+// intervalElement is one element of an interval set: the start of a range, or
+// (end) the first address after one.
+type intervalElement struct {
+	key  [4]byte
+	end  bool
+	open bool // a start whose range runs to 255.255.255.255
+}
+
+// intervalElements turns prefixes into the elements nft writes for them: ranges
+// sorted, overlapping and adjacent ones merged (nft's automerge), each a start
+// and an end element, with an end element at 0.0.0.0 first unless a range starts
+// there, and no end element after a range that reaches the last address.
+func intervalElements(pfxs []netip.Prefix) []intervalElement {
+	type span struct{ lo, hi uint64 } // [lo, hi)
+	spans := make([]span, 0, len(pfxs))
+	for _, p := range pfxs {
+		a := p.Masked().Addr().As4()
+		lo := uint64(binary.BigEndian.Uint32(a[:]))
+		spans = append(spans, span{lo, lo + 1<<(32-p.Bits())})
+	}
+	slices.SortFunc(spans, func(x, y span) int { return cmp.Compare(x.lo, y.lo) })
+	merged := spans[:0]
+	for _, sp := range spans {
+		if n := len(merged); n > 0 && sp.lo <= merged[n-1].hi {
+			merged[n-1].hi = max(merged[n-1].hi, sp.hi)
+			continue
+		}
+		merged = append(merged, sp)
+	}
+	key := func(v uint64) (k [4]byte) {
+		binary.BigEndian.PutUint32(k[:], uint32(v))
+		return k
+	}
+	var out []intervalElement
+	if len(merged) > 0 && merged[0].lo != 0 {
+		out = append(out, intervalElement{end: true})
+	}
+	for _, sp := range merged {
+		if sp.hi > math.MaxUint32 {
+			out = append(out, intervalElement{key: key(sp.lo), open: true})
+			continue
+		}
+		out = append(out, intervalElement{key: key(sp.lo)}, intervalElement{key: key(sp.hi), end: true})
+	}
+	return out
 }
 
 // verdictCode reads a verdict-map value ("goto chain", "jump chain", "drop").

@@ -261,6 +261,27 @@ func (w *NFTables) Trace(ctx context.Context, p Packet) (*TraceResult, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	dest := fmt.Sprintf("%s . %s . %d", p.Dst, p.Protocol.lower(), p.Port)
+	if p.Src.IsValid() {
+		// LoadBalancerSourceRanges: firewall-check runs before DNAT.
+		fw, err := w.nft.ListElements(ctx, "map", mapFirewallIPs)
+		if err != nil {
+			return nil, fmt.Errorf("read map %s: %w", mapFirewallIPs, err)
+		}
+		for _, e := range fw {
+			if strings.Join(e.Key, " . ") != dest {
+				continue
+			}
+			chain := strings.TrimPrefix(strings.Join(e.Value, " "), "goto ")
+			text, err := w.readChain(ctx, chain)
+			if err != nil {
+				return nil, fmt.Errorf("read chain %s of table ip %s: %w", chain, w.cfg.Table, err)
+			}
+			if !nftFirewallAdmits(text, p.Src) {
+				return &TraceResult{Verdict: "DROP", Path: []string{chainFilterPreroutingPreDNAT, chainFirewallCheck,
+					"@" + mapFirewallIPs + " " + dest, chain + " (source not in loadBalancerSourceRanges)"}}, nil
+			}
+		}
+	}
 	r := &TraceResult{Verdict: "NONE", Path: []string{chainNATPrerouting, chainServices}}
 	elems, err := w.nft.ListElements(ctx, "map", mapServiceIPs)
 	if err != nil {
@@ -327,4 +348,40 @@ func (w *NFTables) Trace(ctx context.Context, p Packet) (*TraceResult, error) {
 		}
 	}
 	return r, nil
+}
+
+// nftFirewallAdmits reads a firewall chain as `nft list chain` prints it (its rule
+// `ip saddr != { 192.0.2.0/24, 203.0.113.7 } drop`, or `ip saddr != 192.0.2.0/24
+// drop` for one element, ranges as a-b when merged intervals are not a prefix) and
+// reports whether src passes it.
+func nftFirewallAdmits(chainText string, src netip.Addr) bool {
+	for _, line := range strings.Split(chainText, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "ip saddr != ")
+		if !ok || !strings.HasSuffix(rest, " drop") {
+			continue
+		}
+		set := strings.Trim(strings.TrimSuffix(rest, " drop"), "{} ")
+		inside := false
+		for _, el := range strings.Split(set, ",") {
+			if sourceElementContains(strings.TrimSpace(el), src) {
+				inside = true
+				break
+			}
+		}
+		if !inside {
+			return false
+		}
+	}
+	return true
+}
+
+// sourceElementContains matches an address, a prefix or an a-b range.
+func sourceElementContains(el string, src netip.Addr) bool {
+	if lo, hi, ok := strings.Cut(el, "-"); ok {
+		a, err1 := netip.ParseAddr(lo)
+		b, err2 := netip.ParseAddr(hi)
+		return err1 == nil && err2 == nil && a.Compare(src) <= 0 && src.Compare(b) <= 0
+	}
+	pfx, err := parsePrefix4(el)
+	return err == nil && pfx.Contains(src)
 }

@@ -78,6 +78,13 @@ type Service struct {
 	// is always masqueraded (Cluster traffic policy).
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr
+	// LoadBalancerSourceRanges restrict which clients reach the LoadBalancerIPs
+	// (spec.loadBalancerSourceRanges, the caller having dropped invalid entries and
+	// treated a zero-length prefix as no restriction, as kube-proxy does). Other
+	// sources are dropped before DNAT. Empty, or no LoadBalancerIPs, means no
+	// restriction. Like kube-proxy, the ranges never apply to the cluster IP, the
+	// external IPs or the node port.
+	LoadBalancerSourceRanges []netip.Prefix
 
 	// Endpoints are the usable endpoints for the Cluster traffic policy, already
 	// chosen by the caller (ready, else serving+terminating; upstream's
@@ -160,6 +167,11 @@ func (s *Service) Validate() error {
 	for _, ip := range slices.Concat(s.ExternalIPs, s.LoadBalancerIPs) {
 		if !ip.Is4() || ip.IsUnspecified() {
 			return fail("external or load-balancer IP %v is not a usable IPv4 address", ip)
+		}
+	}
+	for _, p := range s.LoadBalancerSourceRanges {
+		if !p.IsValid() || !p.Addr().Is4() {
+			return fail("load-balancer source range %v is not an IPv4 prefix", p)
 		}
 	}
 	for _, list := range []struct {
@@ -257,11 +269,33 @@ func (st *State) Clone() *State {
 	for i, s := range st.Services {
 		s.ExternalIPs = slices.Clone(s.ExternalIPs)
 		s.LoadBalancerIPs = slices.Clone(s.LoadBalancerIPs)
+		s.LoadBalancerSourceRanges = slices.Clone(s.LoadBalancerSourceRanges)
 		s.Endpoints = slices.Clone(s.Endpoints)
 		s.LocalEndpoints = slices.Clone(s.LocalEndpoints)
 		out.Services[i] = s
 	}
 	return out
+}
+
+// usesFirewall reports whether the port's load-balancer IPs are restricted to its
+// source ranges (upstream's usesFWChain, before its endpoint condition).
+func (s *Service) usesFirewall() bool {
+	return len(s.LoadBalancerIPs) > 0 && len(s.LoadBalancerSourceRanges) > 0
+}
+
+// allowsNode reports whether nodeIP falls in one of the source ranges: then the
+// load-balancer IPs themselves are allowed as sources too, for the node's own
+// requests to a VIP it holds as a local address (upstream's allowFromNode).
+func (s *Service) allowsNode(nodeIP netip.Addr) bool {
+	if !nodeIP.IsValid() {
+		return false
+	}
+	for _, p := range s.LoadBalancerSourceRanges {
+		if p.Contains(nodeIP) {
+			return true
+		}
+	}
+	return false
 }
 
 // externallyAccessible reports whether the port has external destinations (a node

@@ -204,6 +204,9 @@ func convertPort(sp *servicemap.ServicePort, node servicemap.Node) (cv *converte
 		NodePort:        int(sp.NodePort),
 		ExternalIPs:     sp4.ExternalIPs,
 		LoadBalancerIPs: sp4.LoadBalancerVIPs,
+		// Already the IPv4 proxier's view: invalid entries dropped when the
+		// Service was read, a 0.0.0.0/0 among them meaning no restriction.
+		LoadBalancerSourceRanges: sp4.LoadBalancerSourceRanges,
 	}}
 	if sp.SessionAffinity == v1.ServiceAffinityClientIP {
 		cv.svc.AffinityTimeout = time.Duration(sp.StickyMaxAgeSeconds) * time.Second

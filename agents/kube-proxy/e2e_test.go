@@ -389,6 +389,7 @@ func testAgentMode(t *testing.T, cp *controlplane.ControlPlane, mode string) {
 	assert.Contains(t, hcBody, `"name": "lb"`)
 
 	testTrafficPolicyLocal(t, c)
+	testLoadBalancerSourceRanges(t, c)
 
 	// A Service without endpoints is rejected: connection refused, at once.
 	t0 := time.Now()

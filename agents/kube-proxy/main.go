@@ -234,11 +234,17 @@ func newSyncer(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *
 		conntrack *rules.ConntrackCleaner
 		addrs     []netip.Addr
 	)
+	// Upstream's nodeIP: a load-balancer source range holding it admits the
+	// load-balancer IPs themselves as sources.
+	var nodeIP netip.Addr
+	if ips := primaryIPs(cfg, node); len(ips) > 0 {
+		nodeIP = ips[0]
+	}
 	err := do(func() error {
 		conntrack = rules.NewConntrackCleaner(nil)
 		if cfg.Mode == modeIPTables {
 			w, err := rules.NewIPTables(ctx, rules.IPTablesConfig{
-				MasqueradeMark: mark, ClusterCIDR: cidr, MasqueradeAll: all, Metrics: rulesMetrics{},
+				MasqueradeMark: mark, ClusterCIDR: cidr, MasqueradeAll: all, NodeIP: nodeIP, Metrics: rulesMetrics{},
 			})
 			syncer = w
 			return err
@@ -250,7 +256,7 @@ func newSyncer(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *
 		}
 		w, err := rules.NewNFTables(rules.NFTablesConfig{
 			MasqueradeMark: mark, ClusterCIDR: cidr, MasqueradeAll: all,
-			NodePortAddresses: addrs, Metrics: rulesMetrics{},
+			NodePortAddresses: addrs, NodeIP: nodeIP, Metrics: rulesMetrics{},
 		})
 		syncer = w
 		return err

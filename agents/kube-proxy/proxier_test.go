@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -429,4 +430,38 @@ func TestConvertTrafficPolicies(t *testing.T) {
 	in, ex := c.noLocal()
 	assert.Equal(t, 1, in)
 	assert.Equal(t, 1, ex)
+}
+
+// TestConvertLoadBalancerSourceRanges: the IPv4 rules get the Service's IPv4
+// source ranges, invalid entries ignored as kube-proxy ignores them, and none at
+// all when 0.0.0.0/0 is among them (allow all).
+func TestConvertLoadBalancerSourceRanges(t *testing.T) {
+	tr := servicemap.NewTracker(servicemap.Config{})
+	lb := func(name, ip string, ranges ...string) *corev1.Service {
+		return smt.Service("default", name, smt.ClusterIPs(ip), smt.Port("", 80, corev1.ProtocolTCP),
+			smt.Type(corev1.ServiceTypeLoadBalancer), smt.NodePort("", 30000+int32(len(name))),
+			smt.LoadBalancer("203.0.113."+ip[len(ip)-2:], "2001:db8::"+ip[len(ip)-2:]), smt.SourceRanges(ranges...))
+	}
+	tr.OnServiceAdd(lb("ranged", "10.96.0.40", " 192.0.2.0/24 ", "bogus", "", "2001:db8::/32", "10.1.2.3/8"))
+	tr.OnServiceAdd(lb("allow-all", "10.96.0.41", "192.0.2.0/24", "0.0.0.0/0"))
+	tr.OnServiceAdd(lb("v6-only-ranges", "10.96.0.42", "2001:db8::/32"))
+	tr.OnServiceAdd(lb("none", "10.96.0.43"))
+	c := newConverter(servicemap.Node{Name: "n1"})
+	c.apply(tr.Consume(), true)
+	st, skips := c.state()
+	require.Empty(t, skips)
+	byName := map[string]rules.Service{}
+	for _, s := range st.Services {
+		byName[s.Name] = s
+	}
+	assert.Equal(t, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("10.0.0.0/8")},
+		byName["ranged"].LoadBalancerSourceRanges, "IPv4 entries, masked; the invalid and IPv6 ones left out")
+	assert.Equal(t, []netip.Addr{netip.MustParseAddr("203.0.113.40")}, byName["ranged"].LoadBalancerIPs)
+	assert.Empty(t, byName["allow-all"].LoadBalancerSourceRanges, "0.0.0.0/0 allows every source")
+	assert.Empty(t, byName["v6-only-ranges"].LoadBalancerSourceRanges, "the IPv6 proxier's ranges do not restrict IPv4")
+	assert.Empty(t, byName["none"].LoadBalancerSourceRanges)
+	out, err := rules.RenderNFTables(rules.NFTablesConfig{}, st)
+	require.NoError(t, err)
+	assert.Contains(t, out, "ip saddr != { 192.0.2.0/24 , 10.0.0.0/8 } drop")
+	assert.Equal(t, 1, strings.Count(out, " ip saddr != { "), "only the ranged port has a firewall")
 }
