@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -252,6 +253,16 @@ func TestKubeletJoin(t *testing.T) {
 		node := n.waitReady(t, corev1.ConditionTrue, 90*time.Second)
 		t.Logf("node Ready %s after the kubelet started", time.Since(begin).Round(time.Millisecond))
 		assert.Equal(t, "KubeletReady", nodeCondition(node, corev1.NodeReady).Reason)
+		// The credentials the kubelet wrote, used from the test (the server is the
+		// API server itself rather than the node namespace's forwarder).
+		rc, err := clientcmd.BuildConfigFromFlags(cp.URL(), filepath.Join(n.dir, "kubelet.conf"))
+		require.NoError(t, err)
+		cs, err := kubernetes.NewForConfig(rc)
+		require.NoError(t, err)
+		ssr, err := cs.AuthenticationV1().SelfSubjectReviews().Create(context.Background(), &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, nodeUser, ssr.Status.UserInfo.Username)
+		assert.Contains(t, ssr.Status.UserInfo.Groups, "system:nodes")
 	})
 
 	t.Run("the serving CSR waits for an administrator, then is used", func(t *testing.T) {
