@@ -62,6 +62,8 @@ var honouredFields = map[string]bool{
 	"cgroupDriver": true,
 	// Verbosity comes from -v; the logging block's format must stay "text".
 	"logging": true,
+	// Client certificate rotation and the serving certificate CSR (join.go).
+	"rotateCertificates": true, "serverTLSBootstrap": true,
 }
 
 // loadConfig reads a KubeletConfiguration file (YAML or JSON), refuses unknown or

@@ -25,7 +25,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
@@ -48,6 +47,10 @@ type options struct {
 	runtimeEndpoint   string
 	registerTaintsSet bool
 	runtimeSet        bool
+
+	// Joining a cluster (join.go).
+	bootstrapKubeconfig string
+	certDir             string
 }
 
 func newFlagSet(o *options) *pflag.FlagSet {
@@ -60,6 +63,8 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.registerTaints, "register-with-taints", "", "Register the node with the given list of taints (comma separated \"<key>=<value>:<effect>\"). No-op if register-node is false.")
 	fs.StringVar(&o.rootDir, "root-dir", defaultRootDir, "Directory path for managing kubelet files (volume mounts, etc).")
 	fs.StringVar(&o.runtimeEndpoint, "container-runtime-endpoint", "", "The endpoint of the container runtime. unix domain sockets are supported on Linux (default \"unix:///run/containerd/containerd.sock\").")
+	fs.StringVar(&o.bootstrapKubeconfig, "bootstrap-kubeconfig", "", "Path to a kubeconfig file that will be used to get client certificate for kubelet. If the file specified by --kubeconfig does not exist, the bootstrap kubeconfig is used to request a client certificate from the API server. On success, a kubeconfig file referencing the generated client certificate and key is written to the path specified by --kubeconfig. The client certificate and key file will be stored in the directory pointed by --cert-dir.")
+	fs.StringVar(&o.certDir, "cert-dir", "", "The directory where the TLS certs are located. If --tls-cert-file and --tls-private-key-file are provided, this flag will be ignored. (default \"<root-dir>/pki\")")
 	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(gfs)
 	// Only -v (and --vmodule) of klog's flags, as the kubelet's logging options expose.
@@ -124,6 +129,9 @@ func buildConfig(o *options) (*kubeletv1beta1.KubeletConfiguration, error) {
 	if _, err := parseNodeLabels(o.nodeLabels); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if o.bootstrapKubeconfig != "" && o.kubeconfig == "" {
+		return nil, fmt.Errorf("%w: --bootstrap-kubeconfig %s needs --kubeconfig, the file the bootstrap writes", ErrInvalidConfig, o.bootstrapKubeconfig)
+	}
 	if o.nodeIP != "" && net.ParseIP(o.nodeIP) == nil {
 		return nil, fmt.Errorf("%w: --node-ip %q is not a valid IP address", ErrInvalidConfig, o.nodeIP)
 	}
@@ -178,10 +186,12 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 
 	var client kubernetes.Interface
 	if o.kubeconfig != "" {
-		rc, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+		creds, err := joinCluster(logCtx, o, cfg, nodeName, hostname, nodeIP)
 		if err != nil {
-			return fmt.Errorf("invalid kubeconfig %s: %w", o.kubeconfig, err)
+			return err
 		}
+		defer creds.stop()
+		rc := creds.rest
 		rc.QPS = float32(*cfg.KubeAPIQPS)
 		rc.Burst = int(cfg.KubeAPIBurst)
 		rc.ContentType = cfg.ContentType

@@ -49,6 +49,10 @@ type Options struct {
 	Controllers []string
 	// Scheduler starts kube-scheduler, so pods without nodeName get bound.
 	Scheduler bool
+	// ClusterSigningDuration is kube-controller-manager's --cluster-signing-duration,
+	// the lifetime of the certificates its csrsigning controller issues (short ones
+	// test rotation). Zero means upstream's default, 8760h.
+	ClusterSigningDuration time.Duration
 }
 
 // KubeletClientUser is the user kube-apiserver authenticates as when it calls a
@@ -357,6 +361,7 @@ func (cp *ControlPlane) startControllerManager(bin string) error {
 		"--service-account-private-key-file="+cp.path("sa.key"),
 		"--cluster-signing-cert-file="+cp.path("ca.crt"),
 		"--cluster-signing-key-file="+cp.path("ca.key"),
+		"--cluster-signing-duration="+cp.clusterSigningDuration().String(),
 		// The root CA the root-ca-certificate-publisher puts in kube-root-ca.crt
 		// (without it the kubeconfig's CA, a file here, is not read and pods'
 		// projected ca.crt comes out empty).
@@ -375,6 +380,13 @@ func (cp *ControlPlane) startControllerManager(bin string) error {
 	hc := healthClient()
 	url := "https://127.0.0.1:" + strconv.Itoa(cp.kcmPort) + "/healthz"
 	return p.WaitFor(ctx, 100*time.Millisecond, func(ctx context.Context) error { return getOK(ctx, hc, url) })
+}
+
+func (cp *ControlPlane) clusterSigningDuration() time.Duration {
+	if cp.opts.ClusterSigningDuration > 0 {
+		return cp.opts.ClusterSigningDuration
+	}
+	return 365 * 24 * time.Hour
 }
 
 func (cp *ControlPlane) controllers() string {
