@@ -34,6 +34,9 @@ type configBuilder struct {
 	// inherit it.
 	hostResolv string
 	events     podEvents
+	// cgroups gives each sandbox its pod cgroup as CgroupParent; nil leaves it to
+	// the runtime.
+	cgroups *podCgroups
 }
 
 // podEvents records events for the builder's warnings (DNS).
@@ -46,7 +49,12 @@ func (b *configBuilder) SandboxConfig(ctx context.Context, pod *corev1.Pod, atte
 	if err != nil {
 		return nil, err
 	}
+	parent := ""
+	if b.cgroups != nil {
+		parent = b.cgroups.podName(pod)
+	}
 	sc, err := cri.PodSandboxConfig(pod, cri.PodOptions{
+		CgroupParent:  parent,
 		LogsDir:       b.cfg.PodLogsDir,
 		Attempt:       attempt,
 		DNS:           dns,
