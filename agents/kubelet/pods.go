@@ -66,9 +66,11 @@ type podManager struct {
 	volumes *volume.Manager
 	builder *configBuilder
 	cgroups *podCgroups
-	status  *statusManager
-	events  *eventAdapter
-	hostIPs []string
+	// pullSecrets are the pods' imagePullSecrets, read once per sync.
+	pullSecrets *pullSecretCredentials
+	status      *statusManager
+	events      *eventAdapter
+	hostIPs     []string
 
 	mu   sync.Mutex
 	pods map[types.UID]*podEntry
@@ -134,6 +136,7 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 		}
 	}
 	m.cgroups = cg
+	m.pullSecrets = &pullSecretCredentials{secrets: envSource, events: m.events}
 	m.builder = &configBuilder{cfg: cfg.cfg, rootDir: cfg.rootDir, env: env, volumes: vols, hostIPs: m.hostIPs,
 		hostResolv: string(resolv), events: m.events, cgroups: cg}
 	pm, err := probe.NewManager(probe.Config{
@@ -156,6 +159,7 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 		Events:      recorder,
 		Probes:      podsync.ProbeResultsFunc(m.probeResult),
 		RuntimeName: cfg.runtime.RuntimeVersion().GetRuntimeName(),
+		Credentials: m.pullSecrets,
 	})
 	if err != nil {
 		return nil, err
@@ -557,6 +561,7 @@ func (m *podManager) syncPod(ctx context.Context, e *podEntry) (finished bool, e
 	if err != nil {
 		return false, fmt.Errorf("read runtime state of pod %s: %w", podDesc(pod), err)
 	}
+	m.pullSecrets.refresh(ctx, pod)
 	res := m.syncer.SyncPod(ctx, pod, view)
 	st := m.computeStatus(ctx, pod, false)
 	m.setStatus(e, st)
@@ -656,6 +661,7 @@ func (m *podManager) terminate(ctx context.Context, e *podEntry, pod *corev1.Pod
 	_ = os.RemoveAll(filepath.Join(m.cfg.rootDir, "pods", string(pod.UID)))
 	_ = os.RemoveAll(cri.PodLogsDirectory(m.cfg.cfg.PodLogsDir, pod))
 	m.status.forget(pod.UID)
+	m.pullSecrets.forget(pod.UID)
 	m.mu.Lock()
 	delete(m.pods, pod.UID)
 	m.mu.Unlock()
