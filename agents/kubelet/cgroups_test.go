@@ -1,9 +1,12 @@
 package main
 
 import (
+	"os"
 	"testing"
 
+	"github.com/opencontainers/cgroups"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -133,4 +136,19 @@ func TestPodCgroupNames(t *testing.T) {
 	// cgroupsPerQOS false: every pod under the cgroup root, as the no-op manager.
 	off := &podCgroups{root: "/", perQOS: false}
 	assert.Equal(t, "/", off.podName(g))
+}
+
+func TestCgroupRootMustExist(t *testing.T) {
+	if _, err := os.Stat("/sys/fs/cgroup/cpu"); err != nil && !cgroups.IsCgroup2UnifiedMode() {
+		t.Skip("no cgroup v1 cpu controller and no cgroup v2 here")
+	}
+	cfg := testConfig(t)
+	cfg.CgroupRoot = "/nk-no-such-cgroup-root"
+	_, err := newPodCgroups(cfg)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), `cgroupRoot: cgroup "/nk-no-such-cgroup-root" has some missing paths`)
+	cfg.CgroupRoot = "relative"
+	_, err = newPodCgroups(cfg)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), `cgroupRoot "relative" must be an absolute cgroupfs path`)
 }
