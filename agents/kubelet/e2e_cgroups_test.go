@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/nodekit-dev/nodekit/internal/testenv"
 	"github.com/nodekit-dev/nodekit/internal/testenv/controlplane"
@@ -177,6 +178,20 @@ func TestKubeletPodCgroups(t *testing.T) {
 			out, code := n.exec(t, pod, "cat", "/proc/self/cgroup")
 			require.Equal(t, 0, code)
 			assert.Contains(t, out, ":memory:"+cg+"/", "pod %s", pod.Name)
+		}
+	})
+
+	t.Run("containerd's ListPodSandboxStats answers for pods with a cgroup parent", func(t *testing.T) {
+		// containerd 1.6 fails the whole call when a sandbox has no cgroup parent.
+		rs := runtimeapi.NewRuntimeServiceClient(n.ctd.Conn(t))
+		resp, err := rs.ListPodSandboxStats(context.Background(), &runtimeapi.ListPodSandboxStatsRequest{})
+		require.NoError(t, err)
+		seen := map[string]bool{}
+		for _, st := range resp.GetStats() {
+			seen[st.GetAttributes().GetMetadata().GetName()] = st.GetLinux().GetCpu() != nil
+		}
+		for _, name := range []string{"guaranteed", "burstable", "besteffort"} {
+			assert.True(t, seen[name], "cpu stats of pod %s in %v", name, seen)
 		}
 	})
 
