@@ -274,6 +274,41 @@ func TestKubeletPodCgroups(t *testing.T) {
 	})
 }
 
+// TestKubeletPodMovedIntoItsCgroup: a pod running outside its pod cgroup (here:
+// the kubelet restarted with another cgroupRoot, as when a node is upgraded to
+// the QoS hierarchy) is killed and restarted inside it, as the kubelet's SyncPod
+// does.
+func TestKubeletPodMovedIntoItsCgroup(t *testing.T) {
+	testenv.RequireRoot(t)
+	if cgroups.IsCgroup2UnifiedMode() {
+		t.Skip("the cgroup file checks are written for cgroup v1 (this machine's); v2 is not covered")
+	}
+	cp := controlplane.Start(t, controlplane.Options{})
+	n := startNode(t, cp, "nk-node-cgmove", true)
+	n.waitReady(t, corev1.ConditionTrue, 60*time.Second)
+	image := n.ctd.BusyboxImage()
+	p := n.createPod(t, busyboxPod("mover", image, corev1.RestartPolicyAlways, "sleep 3600"))
+	first := n.waitPod(t, "mover", 60*time.Second, "running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	oldID := first.Status.ContainerStatuses[0].ContainerID
+
+	n.stopKubelet()
+	newRoot := makeCgroupRoot(t, "nk-node-cgmove2")
+	cfgPath := filepath.Join(n.dir, "config.yaml")
+	b, err := os.ReadFile(cfgPath)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(cfgPath, []byte(strings.Replace(string(b), "cgroupRoot: "+n.cgroupRoot, "cgroupRoot: "+newRoot, 1)), 0o600))
+	n.startKubelet(t)
+
+	moved := n.waitPod(t, "mover", 60*time.Second, "running again in a new container", func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodRunning && len(p.Status.ContainerStatuses) == 1 &&
+			p.Status.ContainerStatuses[0].ContainerID != oldID && p.Status.ContainerStatuses[0].State.Running != nil
+	})
+	out, code := n.exec(t, moved, "cat", "/proc/self/cgroup")
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, ":memory:"+newRoot+"/kubepods/besteffort/pod"+string(p.UID)+"/")
+	assert.Contains(t, n.log(t), `"Pod runs outside its pod cgroup; killing it to restart it inside" pod="default/mover"`)
+}
+
 func readTrim(t testing.TB, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)

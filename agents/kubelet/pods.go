@@ -546,9 +546,8 @@ func (m *podManager) syncPod(ctx context.Context, e *podEntry) (finished bool, e
 		return false, nil
 	}
 
-	if err := m.cgroups.ensurePod(pod, m.activePods()); err != nil {
-		m.events.Eventf(pod, corev1.EventTypeWarning, "FailedCreatePodContainer", "unable to ensure pod container exists: %v", err)
-		return false, fmt.Errorf("failed to ensure that the pod: %v cgroups exist and are correctly applied: %w", pod.UID, err)
+	if err := m.ensurePodCgroup(ctx, pod); err != nil {
+		return false, err
 	}
 	if err := m.volumes.Setup(ctx, pod); err != nil {
 		m.events.Eventf(pod, corev1.EventTypeWarning, "FailedMount", "%s", err.Error())
@@ -737,6 +736,40 @@ func (m *podManager) relist(ctx context.Context) {
 			klog.ErrorS(err, "Failed to remove an orphan pod cgroup", "podUID", uid)
 		}
 	}
+}
+
+// ensurePodCgroup makes the pod's cgroup as the kubelet's SyncPod does: a pod
+// whose containers already run without one (started before the QoS hierarchy
+// existed) is killed first so that it restarts inside it, and a killed
+// restartPolicy Never pod gets no cgroup (it will not run again).
+func (m *podManager) ensurePodCgroup(ctx context.Context, pod *corev1.Pod) error {
+	if !m.cgroups.perQOS || m.cgroups.exists(m.cgroups.podName(pod)) {
+		return nil
+	}
+	view, err := podsync.LoadView(ctx, m.cfg.runtime, pod.UID, nil)
+	if err != nil {
+		return fmt.Errorf("read runtime state of pod %s: %w", podDesc(pod), err)
+	}
+	if anyContainerRunning(view) {
+		klog.InfoS("Pod runs outside its pod cgroup; killing it to restart it inside", "pod", klog.KObj(pod), "cgroup", m.cgroups.podName(pod))
+		if res := m.syncer.KillPod(ctx, pod, view, nil); res.Error() == nil && pod.Spec.RestartPolicy == corev1.RestartPolicyNever {
+			return nil
+		}
+	}
+	if err := m.cgroups.ensurePod(pod, m.activePods()); err != nil {
+		m.events.Eventf(pod, corev1.EventTypeWarning, "FailedCreatePodContainer", "unable to ensure pod container exists: %v", err)
+		return fmt.Errorf("failed to ensure that the pod: %v cgroups exist and are correctly applied: %w", pod.UID, err)
+	}
+	return nil
+}
+
+func anyContainerRunning(v *podsync.PodView) bool {
+	for _, c := range v.Containers {
+		if c.GetState() == runtimeapi.ContainerState_CONTAINER_RUNNING {
+			return true
+		}
+	}
+	return false
 }
 
 // activePods are the pods the QoS cgroups account for: admitted, still bound
