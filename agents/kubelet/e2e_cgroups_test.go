@@ -309,6 +309,28 @@ func TestKubeletPodMovedIntoItsCgroup(t *testing.T) {
 	assert.Contains(t, n.log(t), `"Pod runs outside its pod cgroup; killing it to restart it inside" pod="default/mover"`)
 }
 
+// TestKubeletWithoutCgroupsPerQOS: cgroupsPerQOS false makes no kubepods tree
+// and parents every sandbox at the cgroup root, as the kubelet does.
+func TestKubeletWithoutCgroupsPerQOS(t *testing.T) {
+	testenv.RequireRoot(t)
+	if cgroups.IsCgroup2UnifiedMode() {
+		t.Skip("the cgroup file checks are written for cgroup v1 (this machine's); v2 is not covered")
+	}
+	cp := controlplane.Start(t, controlplane.Options{})
+	n := startNodeWithConfig(t, cp, "nk-node-noqos", true, "cgroupsPerQOS: false\n")
+	n.waitReady(t, corev1.ConditionTrue, 60*time.Second)
+	n.createPod(t, withResources(busyboxPod("flat", n.ctd.BusyboxImage(), corev1.RestartPolicyAlways, "sleep 3600"), rl("100m", ""), nil))
+	p := n.waitPod(t, "flat", 60*time.Second, "running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	out, code := n.exec(t, p, "cat", "/proc/self/cgroup")
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, ":memory:"+n.cgroupRoot+"/"+id+"\n")
+	for _, ctrl := range []string{"cpu", "memory"} {
+		assert.False(t, cgroupExists(ctrl, n.cgroupRoot+"/kubepods"), ctrl)
+	}
+	assert.NotContains(t, n.log(t), "not honoured")
+}
+
 func readTrim(t testing.TB, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
