@@ -34,6 +34,12 @@ type configBuilder struct {
 	// inherit it.
 	hostResolv string
 	events     podEvents
+	// cgroups gives each sandbox its pod cgroup as CgroupParent; nil leaves it to
+	// the runtime.
+	cgroups *podCgroups
+	// nodeHostsPath is the node's hosts file, copied for hostNetwork pods (default
+	// /etc/hosts).
+	nodeHostsPath string
 }
 
 // podEvents records events for the builder's warnings (DNS).
@@ -46,7 +52,12 @@ func (b *configBuilder) SandboxConfig(ctx context.Context, pod *corev1.Pod, atte
 	if err != nil {
 		return nil, err
 	}
+	parent := ""
+	if b.cgroups != nil {
+		parent = b.cgroups.podName(pod)
+	}
 	sc, err := cri.PodSandboxConfig(pod, cri.PodOptions{
+		CgroupParent:  parent,
 		LogsDir:       b.cfg.PodLogsDir,
 		Attempt:       attempt,
 		DNS:           dns,
@@ -83,6 +94,16 @@ func (b *configBuilder) ContainerConfig(ctx context.Context, pod *corev1.Pod, c 
 	mounts, err := b.volumes.Mounts(pod, c, env...)
 	if err != nil {
 		return nil, err
+	}
+	// A hostNetwork pod has the node's addresses; the sandbox reports none.
+	hostsIPs := podIPs
+	if pod.Spec.HostNetwork && len(hostsIPs) == 0 {
+		hostsIPs = b.hostIPs
+	}
+	if hm, err := b.hostsMount(pod, c, hostsIPs); err != nil {
+		return nil, err
+	} else if hm != nil {
+		mounts = append(mounts, hm)
 	}
 	if tm, err := b.terminationMessageMount(pod, c); err != nil {
 		return nil, err

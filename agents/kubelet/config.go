@@ -58,6 +58,7 @@ var honouredFields = map[string]bool{
 	"registerWithTaints": true, "kubeAPIQPS": true, "kubeAPIBurst": true, "contentType": true,
 	"eventRecordQPS": true, "eventBurst": true, "providerID": true, "podCIDR": true,
 	"systemReserved": true, "kubeReserved": true, "port": true,
+	"cgroupRoot": true, "cgroupsPerQOS": true, "cpuCFSQuota": true, "cpuCFSQuotaPeriod": true, "podPidsLimit": true, "enforceNodeAllocatable": true,
 	// The agent runs the cgroupfs driver only; "cgroupfs" is accepted, "systemd" refused.
 	"cgroupDriver": true,
 	// Verbosity comes from -v; the logging block's format must stay "text".

@@ -76,6 +76,9 @@ type testNode struct {
 	kubelet *testenv.Process
 	admin   kubernetes.Interface
 	runtime *cri.Client
+	// cgroupRoot is the node's own cgroupRoot, so nodes never share a kubepods
+	// tree (each kubelet removes pod cgroups it does not know).
+	cgroupRoot string
 }
 
 const nodeConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
@@ -89,9 +92,17 @@ syncFrequency: 10s
 
 func startNode(t testing.TB, cp *controlplane.ControlPlane, name string, cni bool) *testNode {
 	t.Helper()
+	return startNodeWithConfig(t, cp, name, cni, "")
+}
+
+// startNodeWithConfig is startNode with more KubeletConfiguration lines.
+func startNodeWithConfig(t testing.TB, cp *controlplane.ControlPlane, name string, cni bool, extraConfig string) *testNode {
+	t.Helper()
 	testenv.RequireRoot(t)
 	n := &testNode{name: name, cp: cp, admin: cp.AdminClient()}
 	n.env = netns.New(t, netns.Config{Pods: 1})
+	// Before containerd: removed after containerd has stopped the pods in it.
+	n.cgroupRoot = makeCgroupRoot(t, name)
 	n.ctd = containerd.Start(t, containerd.Options{CNI: cni, NetNS: n.env.Node.Path()})
 	conn := n.ctd.Conn(t)
 	rt, err := cri.NewWithConn(context.Background(), conn, cri.Config{})
@@ -110,7 +121,7 @@ func startNode(t testing.TB, cp *controlplane.ControlPlane, name string, cni boo
 	})
 	n.dir = dir
 	cp.WriteNodeKubeconfig(t, filepath.Join(dir, "kubeconfig"), name, "https://"+fwd)
-	cfg := nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\n", filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"))
+	cfg := nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\ncgroupRoot: %s\n", filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"), n.cgroupRoot) + extraConfig
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "manifests"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cfg), 0o600))
 	n.args = []string{

@@ -65,9 +65,12 @@ type podManager struct {
 	probes  *probe.Manager
 	volumes *volume.Manager
 	builder *configBuilder
-	status  *statusManager
-	events  *eventAdapter
-	hostIPs []string
+	cgroups *podCgroups
+	// pullSecrets are the pods' imagePullSecrets, read once per sync.
+	pullSecrets *pullSecretCredentials
+	status      *statusManager
+	events      *eventAdapter
+	hostIPs     []string
 
 	mu   sync.Mutex
 	pods map[types.UID]*podEntry
@@ -120,8 +123,22 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 	}
 	m.volumes = vols
 	resolv, _ := os.ReadFile(*cfg.cfg.ResolverConfig)
+	cg, err := newPodCgroups(cfg.cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.node != nil {
+		if err := cg.start(cgroupAllocatable(cfg.node), nil); err != nil {
+			return nil, fmt.Errorf("failed to start the QoS cgroups: %w", err)
+		}
+		if cg.perQOS && cfg.recorder != nil {
+			cfg.recorder.Eventf(cfg.node.nodeRef(), corev1.EventTypeNormal, "NodeAllocatableEnforced", "Updated Node Allocatable limit across pods")
+		}
+	}
+	m.cgroups = cg
+	m.pullSecrets = &pullSecretCredentials{secrets: envSource, events: m.events}
 	m.builder = &configBuilder{cfg: cfg.cfg, rootDir: cfg.rootDir, env: env, volumes: vols, hostIPs: m.hostIPs,
-		hostResolv: string(resolv), events: m.events}
+		hostResolv: string(resolv), events: m.events, cgroups: cg}
 	pm, err := probe.NewManager(probe.Config{
 		Status:  probe.PodStatusFunc(m.podStatusForProbes),
 		Prober:  probe.NewProber(probe.Options{Execer: cfg.runtime}),
@@ -142,6 +159,7 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 		Events:      recorder,
 		Probes:      podsync.ProbeResultsFunc(m.probeResult),
 		RuntimeName: cfg.runtime.RuntimeVersion().GetRuntimeName(),
+		Credentials: m.pullSecrets,
 	})
 	if err != nil {
 		return nil, err
@@ -216,6 +234,20 @@ func (m *podManager) run(ctx context.Context) error {
 				return
 			case u := <-m.probes.Updates():
 				m.wakePod(u.PodUID)
+			}
+		}
+	})
+	goRun(func() {
+		t := m.clock.NewTicker(qosUpdatePeriod)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C():
+				if err := m.cgroups.updateQOS(m.activePods()); err != nil {
+					klog.ErrorS(err, "Failed to update QoS cgroups")
+				}
 			}
 		}
 	})
@@ -514,6 +546,9 @@ func (m *podManager) syncPod(ctx context.Context, e *podEntry) (finished bool, e
 		return false, nil
 	}
 
+	if err := m.ensurePodCgroup(ctx, pod); err != nil {
+		return false, err
+	}
 	if err := m.volumes.Setup(ctx, pod); err != nil {
 		m.events.Eventf(pod, corev1.EventTypeWarning, "FailedMount", "%s", err.Error())
 		st := m.computeStatus(ctx, pod, false)
@@ -525,6 +560,7 @@ func (m *podManager) syncPod(ctx context.Context, e *podEntry) (finished bool, e
 	if err != nil {
 		return false, fmt.Errorf("read runtime state of pod %s: %w", podDesc(pod), err)
 	}
+	m.pullSecrets.refresh(ctx, pod)
 	res := m.syncer.SyncPod(ctx, pod, view)
 	st := m.computeStatus(ctx, pod, false)
 	m.setStatus(e, st)
@@ -610,6 +646,10 @@ func (m *podManager) terminate(ctx context.Context, e *podEntry, pod *corev1.Pod
 	if err := m.syncer.RemovePod(ctx, pod.UID); err != nil {
 		return false, err
 	}
+	if err := m.cgroups.removePod(pod.UID); err != nil {
+		// The relist's sweep of orphan pod cgroups tries again.
+		klog.ErrorS(err, "Failed to remove the pod cgroup", "pod", klog.KObj(pod))
+	}
 	if err := m.volumes.Teardown(ctx, pod.UID); err != nil {
 		// Never remove the pod's folder while a volume may still be mounted in it: a
 		// tmpfs or a subPath bind of a hostPath would take the host's files with it.
@@ -620,6 +660,7 @@ func (m *podManager) terminate(ctx context.Context, e *podEntry, pod *corev1.Pod
 	_ = os.RemoveAll(filepath.Join(m.cfg.rootDir, "pods", string(pod.UID)))
 	_ = os.RemoveAll(cri.PodLogsDirectory(m.cfg.cfg.PodLogsDir, pod))
 	m.status.forget(pod.UID)
+	m.pullSecrets.forget(pod.UID)
 	m.mu.Lock()
 	delete(m.pods, pod.UID)
 	m.mu.Unlock()
@@ -674,11 +715,83 @@ func (m *podManager) relist(ctx context.Context) {
 			}
 		}
 	}
+	var orphanCgroups []types.UID
+	if m.apiSynced && m.staticLoaded {
+		for uid := range m.cgroups.podCgroupsOnNode() {
+			if _, known := m.pods[uid]; !known && fp[uid] == "" {
+				orphanCgroups = append(orphanCgroups, uid)
+			}
+		}
+	}
 	m.mu.Unlock()
 	for _, uid := range wake {
 		m.wakePod(uid)
 	}
 	m.removeOrphans(ctx, orphans)
+	// Pod cgroups of pods gone from the node (the kubelet's
+	// cleanupOrphanedPodCgroups), for pods whose sandboxes are gone too.
+	for _, uid := range orphanCgroups {
+		klog.V(2).InfoS("Removing the cgroup of a pod no longer on this node", "podUID", uid)
+		if err := m.cgroups.removePod(uid); err != nil {
+			klog.ErrorS(err, "Failed to remove an orphan pod cgroup", "podUID", uid)
+		}
+	}
+}
+
+// ensurePodCgroup makes the pod's cgroup as the kubelet's SyncPod does: a pod
+// whose containers already run without one (started before the QoS hierarchy
+// existed) is killed first so that it restarts inside it, and a killed
+// restartPolicy Never pod gets no cgroup (it will not run again).
+func (m *podManager) ensurePodCgroup(ctx context.Context, pod *corev1.Pod) error {
+	if !m.cgroups.perQOS || m.cgroups.exists(m.cgroups.podName(pod)) {
+		return nil
+	}
+	view, err := podsync.LoadView(ctx, m.cfg.runtime, pod.UID, nil)
+	if err != nil {
+		return fmt.Errorf("read runtime state of pod %s: %w", podDesc(pod), err)
+	}
+	if anyContainerRunning(view) {
+		klog.InfoS("Pod runs outside its pod cgroup; killing it to restart it inside", "pod", klog.KObj(pod), "cgroup", m.cgroups.podName(pod))
+		if res := m.syncer.KillPod(ctx, pod, view, nil); res.Error() == nil && pod.Spec.RestartPolicy == corev1.RestartPolicyNever {
+			return nil
+		}
+	}
+	if err := m.cgroups.ensurePod(pod, m.activePods()); err != nil {
+		m.events.Eventf(pod, corev1.EventTypeWarning, "FailedCreatePodContainer", "unable to ensure pod container exists: %v", err)
+		return fmt.Errorf("failed to ensure that the pod: %v cgroups exist and are correctly applied: %w", pod.UID, err)
+	}
+	return nil
+}
+
+func anyContainerRunning(v *podsync.PodView) bool {
+	for _, c := range v.Containers {
+		if c.GetState() == runtimeapi.ContainerState_CONTAINER_RUNNING {
+			return true
+		}
+	}
+	return false
+}
+
+// activePods are the pods the QoS cgroups account for: admitted, still bound
+// here and not terminal (the kubelet's active pods).
+func (m *podManager) activePods() []*corev1.Pod {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*corev1.Pod, 0, len(m.pods))
+	for _, e := range m.pods {
+		if e.gone || e.rejected {
+			continue
+		}
+		phase := e.pod.Status.Phase
+		if e.status != nil {
+			phase = e.status.Phase
+		}
+		if phase == corev1.PodSucceeded || phase == corev1.PodFailed {
+			continue
+		}
+		out = append(out, e.pod)
+	}
+	return out
 }
 
 // removeOrphans stops and removes the sandboxes (and containers) of pods no source
