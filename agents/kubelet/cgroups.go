@@ -122,10 +122,12 @@ func resourceConfigForPod(pod *corev1.Pod, enforceCPULimits bool, period uint64)
 		}
 	}
 	if resourcehelper.IsPodLevelResourcesSet(pod) {
-		if _, ok := pod.Spec.Resources.Limits[corev1.ResourceCPU]; ok {
+		// A pod-level limit counts only when non-zero, as in the kubelet's
+		// ResourceConfigForPod (v1.37.2 pkg/kubelet/cm/helpers_linux.go).
+		if !pod.Spec.Resources.Limits.Cpu().IsZero() {
 			cpuDeclared = true
 		}
-		if _, ok := pod.Spec.Resources.Limits[corev1.ResourceMemory]; ok {
+		if !pod.Spec.Resources.Limits.Memory().IsZero() {
 			memDeclared = true
 		}
 	}
