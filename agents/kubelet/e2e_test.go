@@ -110,7 +110,10 @@ func startNode(t testing.TB, cp *controlplane.ControlPlane, name string, cni boo
 	})
 	n.dir = dir
 	cp.WriteNodeKubeconfig(t, filepath.Join(dir, "kubeconfig"), name, "https://"+fwd)
-	cfg := nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\n", filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"))
+	// The kubelet API trusts the cluster CA's client certificates (kube-apiserver's
+	// --kubelet-client-certificate), as kubeadm configures it.
+	cfg := nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\nauthentication:\n  x509:\n    clientCAFile: %s\n",
+		filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"), cp.CAFile())
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "manifests"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cfg), 0o600))
 	n.args = []string{

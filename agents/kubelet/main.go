@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -45,6 +46,7 @@ type options struct {
 	nodeLabels        string
 	registerTaints    string
 	rootDir           string
+	certDir           string
 	runtimeEndpoint   string
 	registerTaintsSet bool
 	runtimeSet        bool
@@ -59,6 +61,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.nodeLabels, "node-labels", "", "Labels to add when registering the node in the cluster. Labels must be key=value pairs separated by ','. Labels in the 'kubernetes.io' namespace must begin with an allowed prefix (kubelet.kubernetes.io, node.kubernetes.io) or be in the specifically allowed set.")
 	fs.StringVar(&o.registerTaints, "register-with-taints", "", "Register the node with the given list of taints (comma separated \"<key>=<value>:<effect>\"). No-op if register-node is false.")
 	fs.StringVar(&o.rootDir, "root-dir", defaultRootDir, "Directory path for managing kubelet files (volume mounts, etc).")
+	fs.StringVar(&o.certDir, "cert-dir", "", "The directory where the TLS certs are located. If --tls-cert-file and --tls-private-key-file are provided, this flag will be ignored. (default <root-dir>/pki)")
 	fs.StringVar(&o.runtimeEndpoint, "container-runtime-endpoint", "", "The endpoint of the container runtime. unix domain sockets are supported on Linux (default \"unix:///run/containerd/containerd.sock\").")
 	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(gfs)
@@ -168,6 +171,8 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 	if err := os.MkdirAll(o.rootDir, 0o750); err != nil {
 		return fmt.Errorf("create root dir %s: %w", o.rootDir, err)
 	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	logCtx := klog.NewContext(ctx, klog.Background())
 
 	runtime, err := connectRuntime(logCtx, cfg)
@@ -191,6 +196,13 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 		}
 	} else {
 		klog.InfoS("No API server defined - no node status update will be sent")
+	}
+	// The kubelet API's authentication and authorization are built before anything
+	// runs, so a webhook without a client (standalone mode) stops the kubelet at
+	// start, as upstream's BuildAuth does.
+	auth, err := buildAuth(client, cfg)
+	if err != nil {
+		return err
 	}
 
 	var recorder record.EventRecorder
@@ -267,6 +279,28 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 			klog.ErrorS(err, "Pod manager stopped")
 		}
 	})
+	if *cfg.EnableServer {
+		certDir := o.certDir
+		if certDir == "" {
+			certDir = filepath.Join(o.rootDir, "pki")
+		}
+		api, err := newKubeletServer(ServerConfig{
+			NodeName: nodeName, Hostname: hostname, CertDir: certDir, Config: cfg, Client: client,
+			Pods: pods, Runtime: runtime, Health: http.HandlerFunc(health.serve), auth: auth,
+		})
+		if err == nil {
+			_, err = api.Start(logCtx)
+		}
+		if err != nil {
+			// As the kubelet, which exits when its server cannot listen.
+			stop()
+			for range workers {
+				<-done
+			}
+			return err
+		}
+		defer api.Close()
+	}
 	<-ctx.Done()
 	klog.InfoS("Shutting down kubelet; pods keep running")
 	for range workers {
