@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -84,7 +85,7 @@ func (s *kubeletServer) getContainerLogs(w http.ResponseWriter, r *http.Request)
 
 // parseLogOptions decodes the query as the kubelet does (v1 PodLogOptions from URL
 // values, with "tail" accepted for tailLines and tail=all meaning no limit): a
-// boolean is false only for "0", "f" or "false" (any case), numbers are integers and
+// boolean is false only for "0" or "false" (any case), numbers are integers and
 // sinceTime is RFC 3339.
 func parseLogOptions(query url.Values) (*corev1.PodLogOptions, error) {
 	q := url.Values{}
@@ -247,9 +248,9 @@ func logContainerID(podName string, status *corev1.PodStatus, container string, 
 // readContainerLogs reads a container's log file, found through the runtime's
 // ContainerStatus (the path the sandbox's log directory and the container's
 // <name>/<restartCount>.log make), into out, as kuberuntime's ReadLogs.
-func readContainerLogs(ctx context.Context, rt *cri.Client, id string, o *corev1.PodLogOptions, out interface{ Write([]byte) (int, error) }) error {
-	st, err := rt.RuntimeService().ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
-	if err != nil || st.GetStatus() == nil {
+func readContainerLogs(ctx context.Context, rt *cri.Client, id string, o *corev1.PodLogOptions, out io.Writer) error {
+	st, err := rt.ContainerStatus(ctx, id)
+	if err != nil {
 		return fmt.Errorf("unable to retrieve container logs for %s://%s", rt.RuntimeVersion().GetRuntimeName(), id)
 	}
 	now := time.Now()
@@ -260,7 +261,7 @@ func readContainerLogs(ctx context.Context, rt *cri.Client, id string, o *corev1
 	if o.SinceTime != nil && o.SinceTime.After(lo.Since) {
 		lo.Since = o.SinceTime.Time
 	}
-	return logs.ReadLogs(ctx, st.GetStatus().GetLogPath(), id, lo, logRuntime{rt: rt}, out, out)
+	return logs.ReadLogs(ctx, st.GetLogPath(), id, lo, logRuntime{rt: rt}, out, out)
 }
 
 // logRuntime gives cri-client's log reader the one runtime call it makes, to learn
