@@ -89,6 +89,9 @@ func (headerAuthn) AuthenticateRequest(r *http.Request) (*authenticator.Response
 		return nil, false, errors.New(msg)
 	}
 	name := r.Header.Get("X-Test-User")
+	if token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		name = token // client-go's clients (exec, port-forward) send the user as a token
+	}
 	if name == "" {
 		return nil, false, nil
 	}
@@ -136,32 +139,19 @@ func (g *grantAuthz) checks() []string {
 // and PortForward answer with URLs of an in-process CRI streaming server.
 type streamRuntime struct {
 	*fakeruntime.Runtime
-	stream interface {
-		GetExec(*runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error)
-		GetAttach(*runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error)
-		GetPortForward(*runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error)
-	}
+	stream *fakeStreams
 }
 
 func (s *streamRuntime) Exec(_ context.Context, req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
-	if s.stream == nil {
-		return nil, errors.New("no streaming server")
-	}
-	return s.stream.GetExec(req)
+	return s.stream.server.GetExec(req)
 }
 
 func (s *streamRuntime) Attach(_ context.Context, req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
-	if s.stream == nil {
-		return nil, errors.New("no streaming server")
-	}
-	return s.stream.GetAttach(req)
+	return s.stream.server.GetAttach(req)
 }
 
 func (s *streamRuntime) PortForward(_ context.Context, req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
-	if s.stream == nil {
-		return nil, errors.New("no streaming server")
-	}
-	return s.stream.GetPortForward(req)
+	return s.stream.server.GetPortForward(req)
 }
 
 // serverFixture is a kubelet API server over httptest with a fake runtime, a fake
@@ -183,7 +173,7 @@ func newServerFixture(t *testing.T, mutate func(*ServerConfig)) *serverFixture {
 	f := &serverFixture{t: t, pods: &fakePods{}, authz: &grantAuthz{grants: map[string][]string{
 		"admin": {"* *"},
 	}, fail: map[string]bool{}}}
-	f.rt = &streamRuntime{Runtime: fakeruntime.New()}
+	f.rt = &streamRuntime{Runtime: fakeruntime.New(), stream: newFakeStreams(t)}
 	f.rt.AddImage("busybox:latest")
 	dir, err := os.MkdirTemp("", "nk-srv-")
 	require.NoError(t, err)
