@@ -49,6 +49,14 @@ type Options struct {
 	Controllers []string
 	// Scheduler starts kube-scheduler, so pods without nodeName get bound.
 	Scheduler bool
+	// ClusterEgress, when set, routes kube-apiserver's traffic to the cluster (kubelet
+	// API calls for logs, exec, attach and port-forward; proxying to nodes, pods and
+	// services) through an HTTP CONNECT proxy on a unix socket that the harness serves
+	// (--egress-selector-config-file with egress "cluster", as konnectivity does). The
+	// proxy dials each CONNECT's host:port with ClusterEgress: a test dials from inside
+	// the node's network namespace, so node addresses stay what the kubelet reports and
+	// need no route from the host.
+	ClusterEgress func(ctx context.Context, address string) (net.Conn, error)
 }
 
 // KubeletClientUser is the user kube-apiserver authenticates as when it calls a
@@ -70,6 +78,8 @@ type ControlPlane struct {
 	schedPort    int
 	etcdPeerPort int
 	etcdURL      string
+	egressConfig string
+	egress       *egressProxy
 
 	adminConfig *rest.Config
 	admin       kubernetes.Interface
@@ -197,6 +207,11 @@ func (cp *ControlPlane) setup() error {
 		return err
 	}
 	cp.etcdPeerPort = ports[1]
+	if cp.opts.ClusterEgress != nil {
+		if cp.egressConfig, err = cp.startEgress(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -259,7 +274,7 @@ func (cp *ControlPlane) startEtcd(bin string) error {
 }
 
 func (cp *ControlPlane) apiserverArgs() []string {
-	return []string{
+	args := []string{
 		"--etcd-servers=" + cp.etcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
@@ -280,6 +295,10 @@ func (cp *ControlPlane) apiserverArgs() []string {
 		// Test nodes' hostnames do not resolve; their InternalIP is where the kubelet listens.
 		"--kubelet-preferred-address-types=InternalIP,Hostname",
 	}
+	if cp.egressConfig != "" {
+		args = append(args, "--egress-selector-config-file="+cp.egressConfig)
+	}
+	return args
 }
 
 func (cp *ControlPlane) startAPIServer(bin string) error {
@@ -557,6 +576,9 @@ func (cp *ControlPlane) stop() {
 		if p != nil {
 			p.Stop(10 * time.Second)
 		}
+	}
+	if cp.egress != nil {
+		cp.egress.stop()
 	}
 	if err := os.RemoveAll(cp.dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintf(os.Stderr, "control plane: remove %s: %v\n", cp.dir, err)
