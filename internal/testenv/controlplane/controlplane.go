@@ -319,23 +319,29 @@ func (cp *ControlPlane) readyz(ctx context.Context) error {
 	if _, err := os.Stat(cp.adminConfig.CAFile); err != nil {
 		return fmt.Errorf("serving certificate not written yet: %w", err)
 	}
-	if cp.admin == nil {
-		admin, err := kubernetes.NewForConfig(cp.adminConfig)
-		if err != nil {
+	// A fresh client per attempt until one succeeds: the CA file may be read while
+	// kube-apiserver is still writing it (seen under load as "certificate signed by
+	// unknown authority" on every later attempt of a cached client).
+	admin := cp.admin
+	if admin == nil {
+		var err error
+		if admin, err = kubernetes.NewForConfig(cp.adminConfig); err != nil {
 			return err
 		}
-		cp.admin = admin
 	}
 	// Each attempt gets its own short deadline: a request that hangs while the server
 	// is starting must not use up the whole start-up wait (seen once in CI-like runs).
 	attempt, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	body, err := cp.admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(attempt)
+	body, err := admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(attempt)
 	if err != nil {
 		return fmt.Errorf("/readyz: %w (%s)", err, body)
 	}
 	if string(body) != "ok" {
 		return fmt.Errorf("/readyz said %q", body)
+	}
+	if cp.admin == nil {
+		cp.admin = admin
 	}
 	return nil
 }
