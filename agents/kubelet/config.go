@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	cliflag "k8s.io/component-base/cli/flag"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
@@ -57,8 +58,12 @@ var honouredFields = map[string]bool{
 	"containerRuntimeEndpoint": true, "evictionHard": true, "registerNode": true,
 	"registerWithTaints": true, "kubeAPIQPS": true, "kubeAPIBurst": true, "contentType": true,
 	"eventRecordQPS": true, "eventBurst": true, "providerID": true, "podCIDR": true,
-	"systemReserved": true, "kubeReserved": true, "port": true,
+	"systemReserved": true, "kubeReserved": true,
 	"cgroupRoot": true, "cgroupsPerQOS": true, "cpuCFSQuota": true, "cpuCFSQuotaPeriod": true, "podPidsLimit": true, "enforceNodeAllocatable": true,
+	// The kubelet API server (server.go).
+	"address": true, "port": true, "enableServer": true, "enableDebuggingHandlers": true,
+	"tlsCertFile": true, "tlsPrivateKeyFile": true, "tlsCipherSuites": true, "tlsMinVersion": true,
+	"authentication": true, "authorization": true,
 	// The agent runs the cgroupfs driver only; "cgroupfs" is accepted, "systemd" refused.
 	"cgroupDriver": true,
 	// Verbosity comes from -v; the logging block's format must stay "text".
@@ -140,6 +145,21 @@ func setDefaults(c *kubeletv1beta1.KubeletConfiguration) {
 	}
 	if c.Port == 0 {
 		c.Port = defaultKubeletPort
+	}
+	if c.Authentication.Anonymous.Enabled == nil {
+		c.Authentication.Anonymous.Enabled = ptr.To(false)
+	}
+	if c.Authentication.Webhook.Enabled == nil {
+		c.Authentication.Webhook.Enabled = ptr.To(true)
+	}
+	dur(&c.Authentication.Webhook.CacheTTL, 2*time.Minute)
+	if c.Authorization.Mode == "" {
+		c.Authorization.Mode = kubeletv1beta1.KubeletAuthorizationModeWebhook
+	}
+	dur(&c.Authorization.Webhook.CacheAuthorizedTTL, 5*time.Minute)
+	dur(&c.Authorization.Webhook.CacheUnauthorizedTTL, 30*time.Second)
+	if c.EnableDebuggingHandlers == nil {
+		c.EnableDebuggingHandlers = ptr.To(true)
 	}
 	if c.HealthzPort == nil {
 		c.HealthzPort = ptr.To[int32](defaultHealthzPort)
@@ -254,6 +274,39 @@ func validateConfig(c *kubeletv1beta1.KubeletConfiguration) error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if p := *c.HealthzPort; p < 0 || p > 65535 {
 		bad("healthzPort (--healthz-port) %d must be between 0 and 65535, inclusive", p)
+	}
+	if p := c.Port; p < 1 || p > 65535 {
+		bad("port (--port) %d must be between 1 and 65535, inclusive", p)
+	}
+	if net.ParseIP(c.Address) == nil {
+		bad("address %q is not a valid IP address", c.Address)
+	}
+	if _, err := cliflag.TLSCipherSuites(c.TLSCipherSuites); err != nil {
+		bad("tlsCipherSuites: %v", err)
+	}
+	if _, err := cliflag.TLSVersion(c.TLSMinVersion); err != nil {
+		bad("tlsMinVersion: %v", err)
+	}
+	if (c.TLSCertFile == "") != (c.TLSPrivateKeyFile == "") {
+		bad("tlsCertFile %q and tlsPrivateKeyFile %q must be set together", c.TLSCertFile, c.TLSPrivateKeyFile)
+	}
+	switch c.Authorization.Mode {
+	case kubeletv1beta1.KubeletAuthorizationModeWebhook, kubeletv1beta1.KubeletAuthorizationModeAlwaysAllow:
+	default:
+		bad("authorization.mode %q: unknown authorization mode (want %s or %s)", c.Authorization.Mode,
+			kubeletv1beta1.KubeletAuthorizationModeWebhook, kubeletv1beta1.KubeletAuthorizationModeAlwaysAllow)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"authentication.webhook.cacheTTL", c.Authentication.Webhook.CacheTTL.Duration},
+		{"authorization.webhook.cacheAuthorizedTTL", c.Authorization.Webhook.CacheAuthorizedTTL.Duration},
+		{"authorization.webhook.cacheUnauthorizedTTL", c.Authorization.Webhook.CacheUnauthorizedTTL.Duration},
+	} {
+		if d.v < 0 {
+			bad("%s %v must not be negative", d.name, d.v)
+		}
 	}
 	if net.ParseIP(c.HealthzBindAddress) == nil {
 		bad("healthzBindAddress %q is not a valid IP address", c.HealthzBindAddress)

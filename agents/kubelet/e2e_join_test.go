@@ -118,7 +118,7 @@ func startJoiningNode(t *testing.T, cp *controlplane.ControlPlane, name, extraCo
 		"--kubeconfig=" + filepath.Join(dir, "kubelet.conf"),
 		"--hostname-override=" + name,
 		"--node-ip=" + n.env.NodeIP.String(),
-		"--root-dir=" + filepath.Join(dir, "root"),
+		"--root-dir=" + filepath.Join(dir, "root"), "--cert-dir=" + filepath.Join(dir, "root", "pki"),
 		"--container-runtime-endpoint=" + n.ctd.Endpoint(),
 		"-v=" + verbosity(),
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,6 +46,22 @@ func TestKubeletStaticPods(t *testing.T) {
 	n.stopKubelet()
 	withKubeconfig := append([]string(nil), n.args...)
 	n.args = slices.DeleteFunc(n.args, func(a string) bool { return len(a) > 13 && a[:13] == "--kubeconfig=" })
+	// Standalone, the kubelet API cannot ask the API server (TokenReview,
+	// SubjectAccessReview): as upstream, the kubelet refuses to start with its default
+	// webhooks, so this config turns them off (client certificates of the cluster CA
+	// are still what it trusts).
+	conf, err := os.ReadFile(filepath.Join(n.dir, "config.yaml"))
+	require.NoError(t, err)
+	standalone := filepath.Join(n.dir, "config-standalone.yaml")
+	require.Contains(t, string(conf), "authentication:\n  x509:\n    clientCAFile: ")
+	conf = []byte(strings.Replace(string(conf), "authentication:\n", "authentication:\n  webhook: {enabled: false}\n", 1) +
+		"authorization: {mode: AlwaysAllow}\n")
+	require.NoError(t, os.WriteFile(standalone, conf, 0o600))
+	for i, a := range n.args {
+		if strings.HasPrefix(a, "--config=") {
+			n.args[i] = "--config=" + standalone
+		}
+	}
 	require.NoError(t, os.WriteFile(filepath.Join(n.dir, "manifests", "web.yaml"), []byte(fmt.Sprintf(staticManifest, n.ctd.BusyboxImage())), 0o644))
 	n.startKubelet(t)
 

@@ -121,7 +121,10 @@ func startNodeWithConfig(t testing.TB, cp *controlplane.ControlPlane, name strin
 	})
 	n.dir = dir
 	cp.WriteNodeKubeconfig(t, filepath.Join(dir, "kubeconfig"), name, "https://"+fwd)
-	cfg := nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\ncgroupRoot: %s\n", filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"), n.cgroupRoot) + extraConfig
+	// The kubelet API trusts the cluster CA's client certificates (kube-apiserver's
+	// --kubelet-client-certificate), as kubeadm configures it.
+	cfg := nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\ncgroupRoot: %s\nauthentication:\n  x509:\n    clientCAFile: %s\n",
+		filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"), n.cgroupRoot, cp.CAFile()) + extraConfig
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "manifests"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cfg), 0o600))
 	n.args = []string{
@@ -130,7 +133,7 @@ func startNodeWithConfig(t testing.TB, cp *controlplane.ControlPlane, name strin
 		"--kubeconfig=" + filepath.Join(dir, "kubeconfig"),
 		"--hostname-override=" + name,
 		"--node-ip=" + n.env.NodeIP.String(),
-		"--root-dir=" + filepath.Join(dir, "root"),
+		"--root-dir=" + filepath.Join(dir, "root"), "--cert-dir=" + filepath.Join(dir, "root", "pki"),
 		"--container-runtime-endpoint=" + n.ctd.Endpoint(),
 		"--node-labels=nodekit.dev/test=" + name,
 		"-v=" + verbosity(),

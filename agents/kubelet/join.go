@@ -6,7 +6,6 @@ import (
 	"math"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -92,13 +91,11 @@ type credentials struct {
 	stop func()
 }
 
-// certDir is --cert-dir, or <root-dir>/pki.
-func certDir(o *options) string {
-	if o.certDir != "" {
-		return o.certDir
-	}
-	return filepath.Join(o.rootDir, "pki")
-}
+// defaultCertDir is --cert-dir's default, upstream's: it does not follow --root-dir.
+const defaultCertDir = "/var/lib/kubelet/pki"
+
+// certDir is --cert-dir.
+func certDir(o *options) string { return o.certDir }
 
 // joinCluster gets the kubelet's API credentials from --kubeconfig, first
 // bootstrapping them with --bootstrap-kubeconfig when needed, keeps the client

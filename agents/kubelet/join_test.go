@@ -1,7 +1,6 @@
 package main
 
 import (
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,7 +13,7 @@ func TestJoinFlagsAndConfig(t *testing.T) {
 		"--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf", "--kubeconfig=/etc/kubernetes/kubelet.conf", "--root-dir=/var/lib/k",
 	}))
 	assert.Equal(t, "/etc/kubernetes/bootstrap-kubelet.conf", o.bootstrapKubeconfig)
-	assert.Equal(t, filepath.Join("/var/lib/k", "pki"), certDir(&o), "--cert-dir defaults to <root-dir>/pki")
+	assert.Equal(t, "/var/lib/kubelet/pki", certDir(&o), "--cert-dir defaults to upstream's /var/lib/kubelet/pki, whatever --root-dir says")
 	require.NoError(t, newFlagSet(&o).Parse([]string{"--cert-dir=/srv/pki"}))
 	assert.Equal(t, "/srv/pki", certDir(&o))
 

@@ -31,6 +31,8 @@ import (
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"k8s.io/utils/clock"
 
+	"github.com/nodekit-dev/nodekit/agents/kubelet/internal/certs"
+	"github.com/nodekit-dev/nodekit/agents/kubelet/internal/stats"
 	"github.com/nodekit-dev/nodekit/cri"
 	"github.com/nodekit-dev/nodekit/lease"
 )
@@ -64,7 +66,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.rootDir, "root-dir", defaultRootDir, "Directory path for managing kubelet files (volume mounts, etc).")
 	fs.StringVar(&o.runtimeEndpoint, "container-runtime-endpoint", "", "The endpoint of the container runtime. unix domain sockets are supported on Linux (default \"unix:///run/containerd/containerd.sock\").")
 	fs.StringVar(&o.bootstrapKubeconfig, "bootstrap-kubeconfig", "", "Path to a kubeconfig file that will be used to get client certificate for kubelet. If the file specified by --kubeconfig does not exist, the bootstrap kubeconfig is used to request a client certificate from the API server. On success, a kubeconfig file referencing the generated client certificate and key is written to the path specified by --kubeconfig. The client certificate and key file will be stored in the directory pointed by --cert-dir.")
-	fs.StringVar(&o.certDir, "cert-dir", "", "The directory where the TLS certs are located. If --tls-cert-file and --tls-private-key-file are provided, this flag will be ignored. (default \"<root-dir>/pki\")")
+	fs.StringVar(&o.certDir, "cert-dir", defaultCertDir, "The directory where the TLS certs are located. If --tls-cert-file and --tls-private-key-file are provided, this flag will be ignored.")
 	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(gfs)
 	// Only -v (and --vmodule) of klog's flags, as the kubelet's logging options expose.
@@ -176,6 +178,8 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 	if err := os.MkdirAll(o.rootDir, 0o750); err != nil {
 		return fmt.Errorf("create root dir %s: %w", o.rootDir, err)
 	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	logCtx := klog.NewContext(ctx, klog.Background())
 
 	runtime, err := connectRuntime(logCtx, cfg)
@@ -185,12 +189,14 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 	defer runtime.Close()
 
 	var client kubernetes.Interface
+	var serving *certs.Serving
 	if o.kubeconfig != "" {
 		creds, err := joinCluster(logCtx, o, cfg, nodeName, hostname, nodeIP)
 		if err != nil {
 			return err
 		}
 		defer creds.stop()
+		serving = creds.serving
 		rc := creds.rest
 		rc.QPS = float32(*cfg.KubeAPIQPS)
 		rc.Burst = int(cfg.KubeAPIBurst)
@@ -201,6 +207,13 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 		}
 	} else {
 		klog.InfoS("No API server defined - no node status update will be sent")
+	}
+	// The kubelet API's authentication and authorization are built before anything
+	// runs, so a webhook without a client (standalone mode) stops the kubelet at
+	// start, as upstream's BuildAuth does.
+	auth, err := buildAuth(client, cfg)
+	if err != nil {
+		return err
 	}
 
 	var recorder record.EventRecorder
@@ -277,12 +290,54 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 			klog.ErrorS(err, "Pod manager stopped")
 		}
 	})
+	if *cfg.EnableServer {
+		sc := ServerConfig{
+			NodeName: nodeName, Hostname: hostname, CertDir: o.certDir, Config: cfg, Client: client,
+			Pods: pods, Runtime: runtime, Health: http.HandlerFunc(health.serve), auth: auth,
+		}
+		if serving != nil {
+			// serverTLSBootstrap: the certificate the CSR brought, rotated by its manager.
+			sc.GetCertificate = serving.GetCertificate
+		}
+		if sc.Stats, sc.ResourceMetrics, err = statsHandlers(runtime, nodeName, o.rootDir, cfg.PodLogsDir); err != nil {
+			stop()
+			for range workers {
+				<-done
+			}
+			return err
+		}
+		api, err := newKubeletServer(sc)
+		if err == nil {
+			_, err = api.Start(logCtx)
+		}
+		if err != nil {
+			// As the kubelet, which exits when its server cannot listen.
+			stop()
+			for range workers {
+				<-done
+			}
+			return err
+		}
+		defer api.Close()
+	}
 	<-ctx.Done()
 	klog.InfoS("Shutting down kubelet; pods keep running")
 	for range workers {
 		<-done
 	}
 	return nil
+}
+
+// statsHandlers builds /stats/ (only /stats/summary is served, as the 1.37 kubelet)
+// and /metrics/resource from the runtime's CRI stats, /proc and the root cgroup.
+func statsHandlers(runtime *cri.Client, nodeName, rootDir, podLogsDir string) (statsH, resourceMetrics http.Handler, err error) {
+	p, err := stats.New(stats.Config{Runtime: stats.CRIRuntime(runtime), NodeName: nodeName, RootDir: rootDir, PodLogsDir: podLogsDir})
+	if err != nil {
+		return nil, nil, fmt.Errorf("stats provider: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/stats/summary", p.SummaryHandler())
+	return mux, p.ResourceMetricsHandler(), nil
 }
 
 func nodeNameGauge(name string) { nodeName.WithLabelValues(name).Set(1) }

@@ -53,6 +53,14 @@ type Options struct {
 	// the lifetime of the certificates its csrsigning controller issues (short ones
 	// test rotation). Zero means upstream's default, 8760h.
 	ClusterSigningDuration time.Duration
+	// ClusterEgress, when set, routes kube-apiserver's traffic to the cluster (kubelet
+	// API calls for logs, exec, attach and port-forward; proxying to nodes, pods and
+	// services) through an HTTP CONNECT proxy on a unix socket that the harness serves
+	// (--egress-selector-config-file with egress "cluster", as konnectivity does). The
+	// proxy dials each CONNECT's host:port with ClusterEgress: a test dials from inside
+	// the node's network namespace, so node addresses stay what the kubelet reports and
+	// need no route from the host.
+	ClusterEgress func(ctx context.Context, address string) (net.Conn, error)
 }
 
 // KubeletClientUser is the user kube-apiserver authenticates as when it calls a
@@ -74,6 +82,8 @@ type ControlPlane struct {
 	schedPort    int
 	etcdPeerPort int
 	etcdURL      string
+	egressConfig string
+	egress       *egressProxy
 
 	adminConfig *rest.Config
 	admin       kubernetes.Interface
@@ -201,6 +211,11 @@ func (cp *ControlPlane) setup() error {
 		return err
 	}
 	cp.etcdPeerPort = ports[1]
+	if cp.opts.ClusterEgress != nil {
+		if cp.egressConfig, err = cp.startEgress(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -263,7 +278,7 @@ func (cp *ControlPlane) startEtcd(bin string) error {
 }
 
 func (cp *ControlPlane) apiserverArgs() []string {
-	return []string{
+	args := []string{
 		"--etcd-servers=" + cp.etcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
@@ -284,6 +299,10 @@ func (cp *ControlPlane) apiserverArgs() []string {
 		// Test nodes' hostnames do not resolve; their InternalIP is where the kubelet listens.
 		"--kubelet-preferred-address-types=InternalIP,Hostname",
 	}
+	if cp.egressConfig != "" {
+		args = append(args, "--egress-selector-config-file="+cp.egressConfig)
+	}
+	return args
 }
 
 func (cp *ControlPlane) startAPIServer(bin string) error {
@@ -304,23 +323,29 @@ func (cp *ControlPlane) readyz(ctx context.Context) error {
 	if _, err := os.Stat(cp.adminConfig.CAFile); err != nil {
 		return fmt.Errorf("serving certificate not written yet: %w", err)
 	}
-	if cp.admin == nil {
-		admin, err := kubernetes.NewForConfig(cp.adminConfig)
-		if err != nil {
+	// A fresh client per attempt until one succeeds: the CA file may be read while
+	// kube-apiserver is still writing it (seen under load as "certificate signed by
+	// unknown authority" on every later attempt of a cached client).
+	admin := cp.admin
+	if admin == nil {
+		var err error
+		if admin, err = kubernetes.NewForConfig(cp.adminConfig); err != nil {
 			return err
 		}
-		cp.admin = admin
 	}
 	// Each attempt gets its own short deadline: a request that hangs while the server
 	// is starting must not use up the whole start-up wait (seen once in CI-like runs).
 	attempt, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	body, err := cp.admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(attempt)
+	body, err := admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(attempt)
 	if err != nil {
 		return fmt.Errorf("/readyz: %w (%s)", err, body)
 	}
 	if string(body) != "ok" {
 		return fmt.Errorf("/readyz said %q", body)
+	}
+	if cp.admin == nil {
+		cp.admin = admin
 	}
 	return nil
 }
@@ -569,6 +594,9 @@ func (cp *ControlPlane) stop() {
 		if p != nil {
 			p.Stop(10 * time.Second)
 		}
+	}
+	if cp.egress != nil {
+		cp.egress.stop()
 	}
 	if err := os.RemoveAll(cp.dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintf(os.Stderr, "control plane: remove %s: %v\n", cp.dir, err)

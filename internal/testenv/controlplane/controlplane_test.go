@@ -3,6 +3,11 @@ package controlplane_test
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -110,4 +115,37 @@ func lease(node string) *coordinationv1.Lease {
 			RenewTime:            &metav1.MicroTime{Time: time.Now()},
 		},
 	}
+}
+
+// TestClusterEgress checks the "cluster" egress: kube-apiserver reaches a node's
+// kubelet through the harness's CONNECT proxy, which dials with the test's function
+// (here: to a local HTTPS server standing in for the kubelet), asking for the node's
+// InternalIP and kubelet port as the Node says them.
+func TestClusterEgress(t *testing.T) {
+	kubelet := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "kubelet says "+r.URL.Path)
+	}))
+	defer kubelet.Close()
+	var mu sync.Mutex
+	var asked []string
+	cp := controlplane.Start(t, controlplane.Options{ClusterEgress: func(ctx context.Context, address string) (net.Conn, error) {
+		mu.Lock()
+		asked = append(asked, address)
+		mu.Unlock()
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", kubelet.Listener.Addr().String())
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	node := cp.CreateNode(t, "egress-node")
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.77"}}
+	node.Status.DaemonEndpoints.KubeletEndpoint.Port = 10250
+	_, err := cp.AdminClient().CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	body, err := cp.AdminClient().CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/egress-node/proxy/healthz").DoRaw(ctx)
+	require.NoError(t, err, "%s", body)
+	assert.Equal(t, "kubelet says /healthz", string(body))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"192.0.2.77:10250"}, asked)
 }

@@ -61,7 +61,7 @@ authorization:
 			logPath := c.path("logs", n.Name+"-kubelet.log")
 			cmd, err := startIn(n.NetNS, logPath, c.cfg.KubeletBinary,
 				"--config="+confPath, "--kubeconfig="+kc, "--hostname-override="+n.Name, "--node-ip="+n.IP,
-				"--root-dir="+filepath.Join(n.Dir, "kubelet"), "--container-runtime-endpoint="+n.Runtime)
+				"--root-dir="+filepath.Join(n.Dir, "kubelet"), "--cert-dir="+filepath.Join(n.Dir, "kubelet", "pki"), "--container-runtime-endpoint="+n.Runtime)
 			if err != nil {
 				return err
 			}
