@@ -117,7 +117,7 @@ func TestUpWorkloads(t *testing.T) {
 	}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	var pods []corev1.Pod
-	require.Eventually(t, func() bool {
+	assert.Eventually(t, func() bool {
 		l, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
 		if err != nil || len(l.Items) != 3 {
 			return false
@@ -130,6 +130,13 @@ func TestUpWorkloads(t *testing.T) {
 		pods = l.Items
 		return true
 	}, 90*time.Second, 250*time.Millisecond, "three web pods Ready")
+	if t.Failed() {
+		out, _ := kubectl("get", "pods", "-A", "-o", "wide")
+		t.Logf("pods:\n%s", out)
+		out, _ = kubectl("describe", "pods", "-l", "app=web")
+		t.Logf("describe:\n%s", out)
+		t.FailNow()
+	}
 	nodes := map[string]bool{}
 	for _, p := range pods {
 		nodes[p.Spec.NodeName] = true
@@ -149,9 +156,18 @@ func TestUpWorkloads(t *testing.T) {
 		}
 		return len(seen) == 3
 	}, 60*time.Second, 50*time.Millisecond, "requests to the ClusterIP from node-1 must reach the pods on all three nodes (seen %v)", seen)
-	out, err = fetch("http://web.default.svc.cluster.local/")
-	require.NoError(t, err, "by DNS name: %s", out)
-	assert.Regexp(t, `^web-\S+ on node-\d\n$`, out)
+	// CoreDNS may still be starting: it answers once its pods are Ready.
+	var byName string
+	ok := assert.Eventually(t, func() bool {
+		byName, err = fetch("http://web.default.svc.cluster.local/")
+		return err == nil
+	}, 60*time.Second, 500*time.Millisecond, "the Service by its DNS name")
+	if !ok {
+		ns, _ := kubectl("exec", "client", "--", "nslookup", "web.default.svc.cluster.local")
+		pods, _ := kubectl("get", "pods", "-n", "kube-system", "-o", "wide")
+		t.Fatalf("by DNS name: %s\nnslookup: %s\n%s", byName, ns, pods)
+	}
+	assert.Regexp(t, `^web-\S+ on node-\d\n$`, byName)
 
 	// kubectl logs and exec through the kubelets' servers.
 	web := pods[0]
@@ -251,6 +267,13 @@ func TestUpWorkloads(t *testing.T) {
 	_, stderr, code = nodekit(t, nil, "down", "--state-dir", stateDir)
 	require.Equal(t, 0, code, stderr)
 	assert.Empty(t, netnsWithPrefix(t, "nk-"+name+"-"))
+	for _, n := range st.Nodes {
+		require.NotEmpty(t, n.CgroupRoot, "each node's kubelet has a cgroupRoot of its own")
+		for _, dir := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup"} {
+			_, err := os.Stat(filepath.Join(dir, n.CgroupRoot))
+			assert.True(t, os.IsNotExist(err), "down removes %s under %s: %v", n.CgroupRoot, dir, err)
+		}
+	}
 }
 
 func clientPod(name, image, node string) *corev1.Pod {

@@ -27,7 +27,8 @@ const FabricAdminKubeconfig = "admin-fabric.kubeconfig"
 // is Ready.
 func (c *Cluster) agents(ctx context.Context) error {
 	server := "https://" + ControlPlaneIP + ":" + strconv.Itoa(APIServerPort)
-	for _, n := range c.st.Nodes {
+	for i := range c.st.Nodes {
+		n := &c.st.Nodes[i]
 		if c.cfg.KubeletBinary != "" {
 			kc := filepath.Join(n.Dir, "kubelet.kubeconfig")
 			// The identity the Node authorizer and NodeRestriction judge a kubelet by.
@@ -37,10 +38,19 @@ func (c *Cluster) agents(ctx context.Context) error {
 			// The kubelet's port as kubeadm configures it: client certificates from the
 			// cluster CA (kube-apiserver's among them), tokens checked by TokenReview,
 			// every request authorized by SubjectAccessReview.
+			// Recorded before it is made, so a failed up's down removes it too.
+			n.CgroupRoot = cgroupRootFor(c.cfg.Name, n.Name)
+			if err := c.st.save(); err != nil {
+				return err
+			}
+			if err := makeCgroupRoot(n.CgroupRoot); err != nil {
+				return err
+			}
 			conf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: %q
 cgroupDriver: cgroupfs
+cgroupRoot: %q
 clusterDomain: cluster.local
 clusterDNS:
 - %s
@@ -53,7 +63,7 @@ authentication:
     clientCAFile: %q
 authorization:
   mode: Webhook
-`, n.Runtime, ClusterDNS, c.path("pki", "ca.crt"))
+`, n.Runtime, n.CgroupRoot, ClusterDNS, c.path("pki", "ca.crt"))
 			confPath := filepath.Join(n.Dir, "kubelet.yaml")
 			if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 				return err

@@ -74,6 +74,16 @@ func Down(ctx context.Context, stateDir string, log io.Writer) error {
 	if err := unmountAll(abs); err != nil {
 		errs = append(errs, err)
 	}
+	for _, n := range st.Nodes {
+		if n.CgroupRoot == "" {
+			continue
+		}
+		if err := removeCgroupRoot(n.CgroupRoot); err != nil {
+			errs = append(errs, err)
+		} else {
+			logf("removed cgroup %s", n.CgroupRoot)
+		}
+	}
 	for i := len(st.Namespaces) - 1; i >= 0; i-- {
 		ns := st.Namespaces[i]
 		if _, err := os.Stat(nsPath(ns)); errors.Is(err, os.ErrNotExist) {

@@ -52,6 +52,8 @@ type Node struct {
 	Dir       string `json:"dir"`
 	Runtime   string `json:"runtimeEndpoint"`
 	CNIConfig string `json:"cniConfDir"`
+	// CgroupRoot is the kubelet's cgroupRoot, made by up and removed by down.
+	CgroupRoot string `json:"cgroupRoot,omitempty"`
 }
 
 // StateFile is the state file's name in the state dir.

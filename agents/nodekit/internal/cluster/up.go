@@ -22,6 +22,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -305,7 +306,32 @@ func (c *Cluster) build(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := c.waitDefaultServiceAccount(ctx); err != nil {
+		return err
+	}
 	return c.st.save()
+}
+
+// waitDefaultServiceAccount waits until kube-controller-manager's serviceaccount
+// controller has made the default namespace's "default" ServiceAccount: until then the
+// ServiceAccount admission plugin refuses every pod there, so a cluster is not ready for
+// a user's first `kubectl run` before it exists (kind waits for it too).
+func (c *Cluster) waitDefaultServiceAccount(ctx context.Context) error {
+	cfg, err := c.adminREST()
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	return poll(ctx, time.Minute, 100*time.Millisecond, func(ctx context.Context) error {
+		_, err := client.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("the default ServiceAccount: %w", err)
+		}
+		return nil
+	})
 }
 
 func (c *Cluster) path(parts ...string) string {
