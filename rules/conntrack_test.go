@@ -26,7 +26,7 @@ func TestStaleUDPFilter(t *testing.T) {
 			ExternalIPs: []netip.Addr{ip("192.0.2.50")}, Endpoints: []Endpoint{ep("10.244.1.10", 5353)}},
 		{Namespace: "default", Name: "web", Protocol: TCP, ClusterIP: ip("10.96.0.20"), Port: 80},
 	}}
-	f := newStaleUDPFilter(st)
+	f := newStaleUDPFilter(st, IPv4)
 	for _, tc := range []struct {
 		name  string
 		flow  *netlink.ConntrackFlow
