@@ -84,6 +84,11 @@ func TestDualStackLoop(t *testing.T) {
 	}
 	require.NoError(t, wait())
 	require.NoError(t, wait())
+	// The loop waits out MinSyncPeriod (two timers on the fake clock).
+	waitMin := func() {
+		t.Helper()
+		require.Eventually(t, func() bool { return clk.Waiters() == 2 }, 5*time.Second, time.Millisecond)
+	}
 
 	st4, st6 := v4.Last(), v6.Last()
 	require.Len(t, st4.Services, 1, "the IPv6-only service is not the IPv4 writer's")
@@ -101,11 +106,14 @@ func TestDualStackLoop(t *testing.T) {
 	// The IPv6 write fails: the IPv4 one still lands; only IPv6 is full next.
 	v6.FailNext(rules.ErrApplyFailed)
 	full4, full6 := v4.FullSyncs, v6.FullSyncs
+	waitMin()
 	require.NoError(t, client.CoreV1().Services("default").Delete(ctx, "only6", metav1.DeleteOptions{}))
 	clk.Step(time.Second)
 	require.NoError(t, wait())
 	require.True(t, errors.Is(wait(), rules.ErrApplyFailed))
-	clk.Step(30 * time.Second) // the retry after a failure
+	waitMin()
+	clk.Step(time.Second)
+	clk.Step(29 * time.Second) // the retry after a failure
 	require.NoError(t, wait())
 	require.NoError(t, wait())
 	assert.Equal(t, full4, v4.FullSyncs, "IPv4 stays partial")

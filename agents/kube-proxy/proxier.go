@@ -83,7 +83,9 @@ type proxier struct {
 	needFullSync    bool
 	lastFullSync    time.Time
 	families        []*familyState
-	triggerTimes    map[types.NamespacedName][]time.Time
+	// triggerTimes are per family: an EndpointSlice's address type says whose
+	// rules it changes, as each of upstream's proxiers sees its family's slices.
+	triggerTimes map[v1.IPFamily]map[types.NamespacedName][]time.Time
 }
 
 // familyState is one family's writer with what the loop keeps for it.
@@ -115,7 +117,7 @@ func newProxier(cfg proxierConfig) *proxier {
 		runCh:        make(chan struct{}, 1),
 		node:         cfg.Node,
 		needFullSync: true,
-		triggerTimes: map[types.NamespacedName][]time.Time{},
+		triggerTimes: map[v1.IPFamily]map[types.NamespacedName][]time.Time{},
 	}
 	for _, f := range cfg.Families {
 		p.families = append(p.families, &familyState{familySyncer: f, label: string(f.Family),
@@ -163,9 +165,20 @@ func (p *proxier) recordTrigger(es *discovery.EndpointSlice) {
 	if svc == "" {
 		return
 	}
-	p.mu.Lock()
+	family := v1.IPv4Protocol
+	switch es.AddressType {
+	case discovery.AddressTypeIPv4:
+	case discovery.AddressTypeIPv6:
+		family = v1.IPv6Protocol
+	default:
+		return // FQDN slices program nothing
+	}
 	nn := types.NamespacedName{Namespace: es.Namespace, Name: svc}
-	p.triggerTimes[nn] = append(p.triggerTimes[nn], t)
+	p.mu.Lock()
+	if p.triggerTimes[family] == nil {
+		p.triggerTimes[family] = map[types.NamespacedName][]time.Time{}
+	}
+	p.triggerTimes[family][nn] = append(p.triggerTimes[family][nn], t)
 	p.mu.Unlock()
 }
 
@@ -313,13 +326,13 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 		syncs = append(syncs, fs)
 	}
 	triggers := p.triggerTimes
-	p.triggerTimes = map[types.NamespacedName][]time.Time{}
+	p.triggerTimes = map[v1.IPFamily]map[types.NamespacedName][]time.Time{}
 	p.mu.Unlock()
 
 	var errs []error
 	for i := range syncs {
 		fs := &syncs[i]
-		if err := p.syncFamily(ctx, logger, fs, upd); err != nil {
+		if err := p.syncFamily(ctx, logger, fs, upd, triggers[fs.f.Family]); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", fs.f.Family, err))
 		}
 	}
@@ -334,16 +347,6 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", errSyncFailed, errors.Join(errs...))
 	}
 
-	now := clk.Now()
-	for nn, ts := range triggers {
-		for _, t := range ts {
-			latency := now.Sub(t).Seconds()
-			for _, fs := range syncs {
-				networkProgrammingLatency.WithLabelValues(fs.f.label).Observe(latency)
-			}
-			logger.V(4).Info("Network programming", "endpoint", klog.KRef(nn.Namespace, nn.Name), "elapsed", latency)
-		}
-	}
 	if p.cfg.ServiceHealth != nil {
 		p.cfg.ServiceHealth.sync(logger, hcPorts, hcLocal)
 	}
@@ -352,7 +355,8 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 
 // syncFamily writes one family's state and does what follows a successful write:
 // metrics, health, conntrack cleanup.
-func (p *proxier) syncFamily(ctx context.Context, logger klog.Logger, fs *familySync, upd servicemap.Update) error {
+func (p *proxier) syncFamily(ctx context.Context, logger klog.Logger, fs *familySync, upd servicemap.Update,
+	triggers map[types.NamespacedName][]time.Time) error {
 	f := fs.f
 	clk := p.cfg.Clock
 	start := clk.Now()
@@ -376,6 +380,14 @@ func (p *proxier) syncFamily(ctx context.Context, logger klog.Logger, fs *family
 		return err
 	}
 	logger.V(2).Info("SyncProxyRules complete", "ipFamily", f.Family, "elapsed", took, "fullSync", fs.full)
+	now := clk.Now()
+	for nn, ts := range triggers {
+		for _, t := range ts {
+			latency := now.Sub(t).Seconds()
+			networkProgrammingLatency.WithLabelValues(f.label).Observe(latency)
+			logger.V(4).Info("Network programming", "ipFamily", f.Family, "endpoint", klog.KRef(nn.Namespace, nn.Name), "elapsed", latency)
+		}
+	}
 	noLocalEndpointsTotal.WithLabelValues("internal", f.label).Set(float64(fs.noLocalInternal))
 	noLocalEndpointsTotal.WithLabelValues("external", f.label).Set(float64(fs.noLocalExternal))
 	if p.cfg.Health != nil {
