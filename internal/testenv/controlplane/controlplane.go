@@ -49,6 +49,10 @@ type Options struct {
 	Controllers []string
 	// Scheduler starts kube-scheduler, so pods without nodeName get bound.
 	Scheduler bool
+	// ServiceCIDR6, when set, is a second, IPv6 --service-cluster-ip-range
+	// (a prefix of /108 or longer), so Services may be IPv6 or dual-stack
+	// (ipFamilyPolicy RequireDualStack). Empty keeps the API server IPv4-only.
+	ServiceCIDR6 string
 }
 
 // KubeletClientUser is the user kube-apiserver authenticates as when it calls a
@@ -269,7 +273,7 @@ func (cp *ControlPlane) apiserverArgs() []string {
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction",
 		"--endpoint-reconciler-type=none",
-		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--service-cluster-ip-range=" + cp.serviceCIDRs(),
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file=" + cp.path("sa.key"),
 		"--service-account-signing-key-file=" + cp.path("sa.key"),
@@ -375,6 +379,14 @@ func (cp *ControlPlane) startControllerManager(bin string) error {
 	hc := healthClient()
 	url := "https://127.0.0.1:" + strconv.Itoa(cp.kcmPort) + "/healthz"
 	return p.WaitFor(ctx, 100*time.Millisecond, func(ctx context.Context) error { return getOK(ctx, hc, url) })
+}
+
+// serviceCIDRs is --service-cluster-ip-range: ServiceCIDR, then ServiceCIDR6 when set.
+func (cp *ControlPlane) serviceCIDRs() string {
+	if cp.opts.ServiceCIDR6 != "" {
+		return ServiceCIDR + "," + cp.opts.ServiceCIDR6
+	}
+	return ServiceCIDR
 }
 
 func (cp *ControlPlane) controllers() string {
