@@ -32,6 +32,8 @@ var (
 func TestIPv6RealPackets(t *testing.T) {
 	type writer interface {
 		Sync(context.Context, *rules.State) error
+		Drift(context.Context, *rules.State) ([]rules.Drift, error)
+		Trace(context.Context, rules.Packet) (*rules.TraceResult, error)
 	}
 	for _, tc := range []struct {
 		name string
@@ -91,6 +93,30 @@ func TestIPv6RealPackets(t *testing.T) {
 			t.Logf("first IPv6 sync: %s", time.Since(start))
 			require.NoError(t, sync(w4, st4))
 			vip := net.JoinHostPort(webVIP6.String(), "80")
+
+			t.Run("read-back: no drift, trace to the endpoints", func(t *testing.T) {
+				var drift []rules.Drift
+				require.NoError(t, env.Node.Do(func() (err error) { drift, err = w6.Drift(ctx, st6); return err }))
+				assert.Empty(t, drift)
+				// A changed endpoint list behind the writer's back is reported.
+				other := st6.Clone()
+				other.Services[0].Endpoints = other.Services[0].Endpoints[:1]
+				require.NoError(t, env.Node.Do(func() (err error) { drift, err = w6.Drift(ctx, other); return err }))
+				assert.NotEmpty(t, drift)
+				t.Logf("drift against a state with one endpoint: %v", drift)
+				var tr *rules.TraceResult
+				require.NoError(t, env.Node.Do(func() (err error) {
+					tr, err = w6.Trace(ctx, rules.Packet{Src: env.ClientIP6, Dst: webVIP6, Protocol: rules.TCP, Port: 80})
+					return err
+				}))
+				assert.Equal(t, "DNAT", tr.Verdict)
+				assert.ElementsMatch(t, st6.Services[0].Endpoints, tr.Candidates)
+				require.NoError(t, env.Node.Do(func() (err error) {
+					tr, err = w6.Trace(ctx, rules.Packet{Src: env.ClientIP6, Dst: noneVIP6, Protocol: rules.TCP, Port: 80})
+					return err
+				}))
+				assert.Equal(t, "REJECT", tr.Verdict)
+			})
 
 			t.Run("ClusterIP from outside reaches every endpoint", func(t *testing.T) {
 				got := count(ctx, t, env.Client, vip, 60)
