@@ -119,6 +119,9 @@ func (c *ConntrackCleaner) CleanStaleUDP(ctx context.Context, st *State) (int, e
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	if !slices.ContainsFunc(st.Services, func(s Service) bool { return s.Protocol == UDP }) {
+		return 0, nil // no UDP destination: no flow can match, skip the table walk
+	}
 	n, err := c.nl.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.InetFamily(af), newStaleUDPFilter(st, family))
 	if err != nil {
 		return int(n), fmt.Errorf("delete stale UDP conntrack entries: %w", err)
