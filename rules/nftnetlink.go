@@ -134,7 +134,13 @@ func (t *nftSetType) encodeKey(key []string) ([]byte, error) {
 			if err != nil || !f.has(a) {
 				return nil, fmt.Errorf("key field %q is not an %s address", key[i], f)
 			}
-			field = a.AsSlice()
+			if f == IPv4 {
+				b := a.As4()
+				field = b[:]
+			} else {
+				b := a.As16()
+				field = b[:]
+			}
 		case "inet_proto":
 			p, ok := protoNumbers[key[i]]
 			if !ok {
