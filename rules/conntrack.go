@@ -47,10 +47,16 @@ type staleUDPFilter struct {
 	// endpoints serving it.
 	byDest    map[netip.AddrPort]map[netip.AddrPort]bool
 	nodePorts map[uint16]bool
+	// unspecified keys the node ports: 0.0.0.0 or ::.
+	unspecified netip.Addr
 }
 
-func newStaleUDPFilter(st *State) *staleUDPFilter {
-	f := &staleUDPFilter{byDest: map[netip.AddrPort]map[netip.AddrPort]bool{}, nodePorts: map[uint16]bool{}}
+func newStaleUDPFilter(st *State, family Family) *staleUDPFilter {
+	unspecified := netip.IPv4Unspecified()
+	if family == IPv6 {
+		unspecified = netip.IPv6Unspecified()
+	}
+	out := &staleUDPFilter{byDest: map[netip.AddrPort]map[netip.AddrPort]bool{}, nodePorts: map[uint16]bool{}, unspecified: unspecified}
 	for i := range st.Services {
 		s := &st.Services[i]
 		if s.Protocol != UDP {
@@ -61,14 +67,14 @@ func newStaleUDPFilter(st *State) *staleUDPFilter {
 			eps[netip.AddrPortFrom(ep.IP, uint16(ep.Port))] = true
 		}
 		for _, ip := range append([]netip.Addr{s.ClusterIP}, append(s.ExternalIPs, s.LoadBalancerIPs...)...) {
-			f.byDest[netip.AddrPortFrom(ip, uint16(s.Port))] = eps
+			out.byDest[netip.AddrPortFrom(ip, uint16(s.Port))] = eps
 		}
 		if s.NodePort != 0 {
-			f.byDest[netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(s.NodePort))] = eps
-			f.nodePorts[uint16(s.NodePort)] = true
+			out.byDest[netip.AddrPortFrom(unspecified, uint16(s.NodePort))] = eps
+			out.nodePorts[uint16(s.NodePort)] = true
 		}
 	}
-	return f
+	return out
 }
 
 func (f *staleUDPFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
@@ -83,7 +89,7 @@ func (f *staleUDPFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	dst, replySrc = dst.Unmap(), replySrc.Unmap()
 	eps, ok := f.byDest[netip.AddrPortFrom(dst, flow.Forward.DstPort)]
 	if !ok && f.nodePorts[flow.Forward.DstPort] {
-		eps, ok = f.byDest[netip.AddrPortFrom(netip.IPv4Unspecified(), flow.Forward.DstPort)]
+		eps, ok = f.byDest[netip.AddrPortFrom(f.unspecified, flow.Forward.DstPort)]
 		// A flow to a node port that was not DNATed is the node's own traffic.
 		if ok && replySrc == dst {
 			return false
@@ -99,14 +105,24 @@ func (f *staleUDPFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 // external and load-balancer IPs, node ports) whose reply source is not a current
 // endpoint of that service. Call it after a successful Sync of st. It returns how
 // many flows it deleted.
+//
+// The state is of one family (the family of its first service port's cluster IP;
+// an empty state means IPv4), and only that family's conntrack table is cleaned.
 func (c *ConntrackCleaner) CleanStaleUDP(ctx context.Context, st *State) (int, error) {
-	if err := st.Validate(); err != nil {
+	family, af := IPv4, uint8(unix.AF_INET)
+	if len(st.Services) > 0 && FamilyOf(st.Services[0].ClusterIP) == IPv6 {
+		family, af = IPv6, unix.AF_INET6
+	}
+	if err := st.ValidateFamily(family); err != nil {
 		return 0, err
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	n, err := c.nl.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, newStaleUDPFilter(st))
+	if !slices.ContainsFunc(st.Services, func(s Service) bool { return s.Protocol == UDP }) {
+		return 0, nil // no UDP destination: no flow can match, skip the table walk
+	}
+	n, err := c.nl.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.InetFamily(af), newStaleUDPFilter(st, family))
 	if err != nil {
 		return int(n), fmt.Errorf("delete stale UDP conntrack entries: %w", err)
 	}

@@ -26,7 +26,7 @@ func TestStaleUDPFilter(t *testing.T) {
 			ExternalIPs: []netip.Addr{ip("192.0.2.50")}, Endpoints: []Endpoint{ep("10.244.1.10", 5353)}},
 		{Namespace: "default", Name: "web", Protocol: TCP, ClusterIP: ip("10.96.0.20"), Port: 80},
 	}}
-	f := newStaleUDPFilter(st)
+	f := newStaleUDPFilter(st, IPv4)
 	for _, tc := range []struct {
 		name  string
 		flow  *netlink.ConntrackFlow
@@ -49,11 +49,13 @@ func TestStaleUDPFilter(t *testing.T) {
 }
 
 type fakeConntrack struct {
-	flows []*netlink.ConntrackFlow
-	err   error
+	flows  []*netlink.ConntrackFlow
+	err    error
+	family netlink.InetFamily
 }
 
-func (f *fakeConntrack) ConntrackDeleteFilters(_ netlink.ConntrackTableType, _ netlink.InetFamily, filters ...netlink.CustomConntrackFilter) (uint, error) {
+func (f *fakeConntrack) ConntrackDeleteFilters(_ netlink.ConntrackTableType, family netlink.InetFamily, filters ...netlink.CustomConntrackFilter) (uint, error) {
+	f.family = family
 	if f.err != nil {
 		return 0, f.err
 	}
@@ -90,4 +92,28 @@ func TestCleanStaleUDP(t *testing.T) {
 	st.Services[0].Port = 0
 	_, err = c.CleanStaleUDP(context.Background(), st)
 	assert.ErrorIs(t, err, ErrInvalidState)
+}
+
+// TestCleanStaleUDPIPv6: an IPv6 state cleans the IPv6 table, node ports keyed by ::.
+func TestCleanStaleUDPIPv6(t *testing.T) {
+	st := &State{Services: []Service{{Namespace: "kube-system", Name: "dns", Protocol: UDP, ClusterIP: ip("fd00:96::10"), Port: 53,
+		NodePort: 30053, Endpoints: []Endpoint{ep("fd00:244::10", 53)}}}}
+	fc := &fakeConntrack{flows: []*netlink.ConntrackFlow{
+		flow(unix.IPPROTO_UDP, "fd00:244::11", "fd00:96::10", 53, "fd00:244::12", 53),
+		flow(unix.IPPROTO_UDP, "fd00:244::11", "fd00:96::10", 53, "fd00:244::10", 53),
+		flow(unix.IPPROTO_UDP, "2001:db8::2", "2001:db8::1", 30053, "fd00:244::12", 53),
+		flow(unix.IPPROTO_UDP, "2001:db8::2", "2001:db8::1", 30053, "2001:db8::1", 30053),
+	}}
+	c := &ConntrackCleaner{nl: fc}
+	n, err := c.CleanStaleUDP(context.Background(), st)
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "the gone endpoint, through the VIP and through the node port")
+	assert.Equal(t, netlink.InetFamily(unix.AF_INET6), fc.family)
+
+	fc.family = 0
+	n, err = c.CleanStaleUDP(context.Background(), &State{Services: []Service{{Namespace: "a", Name: "b", Protocol: TCP,
+		ClusterIP: ip("fd00:96::11"), Port: 80}}})
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	assert.Zero(t, fc.family, "no UDP service: the table is not walked")
 }

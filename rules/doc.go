@@ -39,7 +39,13 @@
 //
 // # nftables
 //
-// NFTables writes one table of the ip family with kube-proxy 1.37's nftables layout,
+// Each writer serves one IP family (NFTablesConfig.Family, IPTablesConfig.Family:
+// IPv4 by default, or IPv6), as each of kube-proxy's per-family proxiers does; a
+// dual-stack node runs one writer per family. An IPv6 writer writes table ip6 with
+// ip6 matches and ipv6_addr sets, or drives ip6tables-restore; State.ValidateFamily
+// holds every address to the writer's family.
+//
+// NFTables writes one table of its family (ip, or ip6) with kube-proxy 1.37's nftables layout,
 // object for object and name for name, so `nft list table ip kube-proxy`, existing
 // runbooks and kube-proxy's own knowledge apply:
 //

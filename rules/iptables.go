@@ -36,6 +36,11 @@ const DefaultIPTablesPrefix = "KUBE"
 // IPTablesConfig configures the iptables writer. The zero value writes kube-proxy's
 // own chains through the nf_tables backend.
 type IPTablesConfig struct {
+	// Family is the IP family the writer serves: IPv4 (empty) drives iptables,
+	// iptables-restore and iptables-save; IPv6 drives ip6tables, ip6tables-restore
+	// and ip6tables-save, as upstream's per-family proxiers do. Every address in
+	// the config and the state must be of this family.
+	Family Family
 	// Mode selects the backend binaries. Empty means IPTablesNFT.
 	Mode IPTablesMode
 	// Prefix replaces "KUBE" in every chain name (KUBE-SERVICES, KUBE-SVC-...), so
@@ -74,11 +79,8 @@ func (c *IPTablesConfig) setDefaults() error {
 	if !iptablesPrefixSyntax.MatchString(c.Prefix) {
 		return fmt.Errorf("%w: chain prefix %q (want 1 to 7 upper-case letters or digits)", ErrInvalidConfig, c.Prefix)
 	}
-	if err := defaultMarkAndCIDR(&c.MasqueradeMark, c.ClusterCIDR); err != nil {
+	if err := defaultMarkAndCIDR(&c.Family, &c.MasqueradeMark, c.ClusterCIDR, c.NodeIP); err != nil {
 		return err
-	}
-	if c.NodeIP.IsValid() && !c.NodeIP.Is4() {
-		return fmt.Errorf("%w: node IP %v is not IPv4", ErrInvalidConfig, c.NodeIP)
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
@@ -89,9 +91,19 @@ func (c *IPTablesConfig) setDefaults() error {
 	return nil
 }
 
+// binary names the tool ("iptables", "iptables-restore", "iptables-save") for the
+// writer's family and mode: ip6tables-restore for IPv6, iptables-legacy-restore
+// for legacy, and so on.
 func (c *IPTablesConfig) binary(tool string) string {
+	if c.Family == IPv6 {
+		tool = "ip6" + strings.TrimPrefix(tool, "ip")
+	}
 	if c.Mode == IPTablesLegacy {
-		return "iptables-legacy" + strings.TrimPrefix(tool, "iptables")
+		base, rest, _ := strings.Cut(tool, "-")
+		if rest != "" {
+			rest = "-" + rest
+		}
+		return base + "-legacy" + rest
 	}
 	return tool
 }
@@ -141,7 +153,7 @@ func NewIPTables(ctx context.Context, cfg IPTablesConfig) (*IPTables, error) {
 	w := &IPTables{cfg: cfg, run: execRunner}
 	for _, tool := range []string{"iptables", "iptables-restore"} {
 		if _, err := exec.LookPath(cfg.binary(tool)); err != nil {
-			return nil, fmt.Errorf("iptables mode %s: %w", cfg.Mode, err)
+			return nil, fmt.Errorf("iptables mode %s, %s: %w", cfg.Mode, cfg.Family, err)
 		}
 	}
 	if _, err := w.run(ctx, "", cfg.binary("iptables"), "-w", "-t", "nat", "-S", "POSTROUTING"); err != nil {
@@ -220,7 +232,7 @@ func quoteComment(c string) string {
 }
 
 func (w *IPTables) compile(st *State) (*iptPlan, error) {
-	if err := st.Validate(); err != nil {
+	if err := st.ValidateFamily(w.cfg.Family); err != nil {
 		return nil, err
 	}
 	mark := fmt.Sprintf("%#x", w.cfg.MasqueradeMark)
@@ -591,7 +603,7 @@ func (w *IPTables) Sync(ctx context.Context, st *State) error {
 	took := w.cfg.Clock.Since(start)
 	w.cfg.Metrics.SyncDone("iptables", full, took, err)
 	if err != nil {
-		logr.FromContextOrDiscard(ctx).Error(err, "iptables sync failed", "prefix", w.cfg.Prefix, "full", full)
+		logr.FromContextOrDiscard(ctx).Error(err, "iptables sync failed", "family", w.cfg.Family, "prefix", w.cfg.Prefix, "full", full)
 		return err
 	}
 	logr.FromContextOrDiscard(ctx).V(4).Info("iptables sync done", "prefix", w.cfg.Prefix, "full", full, "took", took)
@@ -610,7 +622,7 @@ func (w *IPTables) sync(ctx context.Context, st *State) error {
 	payload := w.payload(p, prev, stale, jumps)
 	if _, err := w.run(ctx, payload, w.cfg.binary("iptables-restore"), "-w", "--noflush", "--counters"); err != nil {
 		w.applied = nil
-		return fmt.Errorf("%w: iptables-restore (%s, prefix %s): %w", ErrApplyFailed, w.cfg.Mode, w.cfg.Prefix, err)
+		return fmt.Errorf("%w: %s (%s, prefix %s): %w", ErrApplyFailed, w.cfg.binary("iptables-restore"), w.cfg.Mode, w.cfg.Prefix, err)
 	}
 	w.applied = maps.Clone(p.svc)
 	return nil

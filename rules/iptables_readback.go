@@ -33,7 +33,7 @@ func parseSave(out string) map[string][]iptRule {
 			case "-s":
 				r.src = f[i+1]
 			case "-d":
-				r.dst = strings.TrimSuffix(f[i+1], "/32")
+				r.dst = strings.TrimSuffix(strings.TrimSuffix(f[i+1], "/32"), "/128")
 			case "-p":
 				r.proto = f[i+1]
 			case "--dport":
@@ -145,7 +145,7 @@ func (w *IPTables) firewallAdmits(rules []iptRule, src netip.Addr) bool {
 		if r.src == "" || !strings.HasPrefix(r.target, w.chain("EXT-")) {
 			continue
 		}
-		if pfx, err := parsePrefix4(r.src); err == nil && pfx.Contains(src) {
+		if pfx, err := parsePrefix(r.src, w.cfg.Family); err == nil && pfx.Contains(src) {
 			return true
 		}
 	}
@@ -154,7 +154,7 @@ func (w *IPTables) firewallAdmits(rules []iptRule, src netip.Addr) bool {
 
 // Drift compares the writer's chains in the kernel with st; see NFTables.Drift.
 func (w *IPTables) Drift(ctx context.Context, st *State) ([]Drift, error) {
-	if err := st.Validate(); err != nil {
+	if err := st.ValidateFamily(w.cfg.Family); err != nil {
 		return nil, err
 	}
 	ks, err := w.ReadBack(ctx)
@@ -166,7 +166,7 @@ func (w *IPTables) Drift(ctx context.Context, st *State) ([]Drift, error) {
 
 // Trace follows a new connection through the writer's chains as read back now.
 func (w *IPTables) Trace(ctx context.Context, p Packet) (*TraceResult, error) {
-	if !p.Dst.Is4() || p.Port < 1 || p.Port > 65535 {
+	if !w.cfg.Family.has(p.Dst) || p.Port < 1 || p.Port > 65535 {
 		return nil, fmt.Errorf("%w: trace of %v:%d", ErrInvalidState, p.Dst, p.Port)
 	}
 	ks, nat, err := w.readBack(ctx)

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"strings"
 )
 
 // nftables chain-name prefixes, as kube-proxy's nftables mode spells them.
@@ -37,9 +38,11 @@ func nftServiceBase(s *Service) string {
 }
 
 // nftEndpointBase is "HASH-ns/name/proto/port__ip/port", the suffix of an endpoint's
-// chain and affinity set.
+// chain and affinity set. An IPv6 address has its colons, which chain names cannot
+// hold, replaced by dots, as kube-proxy does.
 func nftEndpointBase(s *Service, ep Endpoint) string {
-	return nftHashName(fmt.Sprintf("%s/%s/%s/%s__%s/%d", s.Namespace, s.Name, s.Protocol.lower(), s.PortName, ep.IP, ep.Port))
+	return nftHashName(fmt.Sprintf("%s/%s/%s/%s__%s/%d", s.Namespace, s.Name, s.Protocol.lower(), s.PortName,
+		strings.ReplaceAll(ep.IP.String(), ":", "."), ep.Port))
 }
 
 // iptablesHash is kube-proxy's iptables chain-name hash: the first 16 base32

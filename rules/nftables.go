@@ -53,16 +53,23 @@ const (
 const DefaultMasqueradeMark uint32 = 0x4000
 
 // defaultMarkAndCIDR defaults and checks what both writers' configs share: the
-// masquerade mark must be one bit, and the cluster CIDR, when set, IPv4.
-func defaultMarkAndCIDR(mark *uint32, clusterCIDR netip.Prefix) error {
+// family (empty means IPv4), the masquerade mark must be one bit, and the cluster
+// CIDR and node IP, when set, of the family.
+func defaultMarkAndCIDR(family *Family, mark *uint32, clusterCIDR netip.Prefix, nodeIP netip.Addr) error {
+	if err := family.check(); err != nil {
+		return err
+	}
 	if *mark == 0 {
 		*mark = DefaultMasqueradeMark
 	}
 	if *mark&(*mark-1) != 0 {
 		return fmt.Errorf("%w: masquerade mark %#x is not a single bit", ErrInvalidConfig, *mark)
 	}
-	if clusterCIDR.IsValid() && !clusterCIDR.Addr().Is4() {
-		return fmt.Errorf("%w: cluster CIDR %v is not IPv4", ErrInvalidConfig, clusterCIDR)
+	if clusterCIDR.IsValid() && !family.has(clusterCIDR.Addr()) {
+		return fmt.Errorf("%w: cluster CIDR %v is not %s", ErrInvalidConfig, clusterCIDR, *family)
+	}
+	if nodeIP.IsValid() && !family.has(nodeIP) {
+		return fmt.Errorf("%w: node IP %v is not %s", ErrInvalidConfig, nodeIP, *family)
 	}
 	return nil
 }
@@ -70,7 +77,12 @@ func defaultMarkAndCIDR(mark *uint32, clusterCIDR netip.Prefix) error {
 // NFTablesConfig configures the nftables writer. The zero value writes kube-proxy's
 // own table with kube-proxy's defaults.
 type NFTablesConfig struct {
-	// Table is the name of the ip-family table. Empty means "kube-proxy", so
+	// Family is the IP family the writer serves: IPv4 (empty) writes table
+	// `ip <Table>`, IPv6 table `ip6 <Table>` with ip6 matches, as upstream's
+	// per-family proxiers do. Every address in the config and the state must be
+	// of this family.
+	Family Family
+	// Table is the name of the table (in the writer's family). Empty means "kube-proxy", so
 	// existing knowledge and tooling apply; choose another name (for example
 	// "nodekit") to run beside a real kube-proxy.
 	Table string
@@ -104,6 +116,33 @@ type NFTablesConfig struct {
 	Applier NFTablesApplier
 }
 
+// nft is the nftables family of the writer's table.
+func (f Family) nft() knftables.Family {
+	if f == IPv6 {
+		return knftables.IPv6Family
+	}
+	return knftables.IPv4Family
+}
+
+// ipX is the payload expression prefix: "ip" or "ip6".
+func (f Family) ipX() string { return string(f.nft()) }
+
+// addrType is the nftables address type: "ipv4_addr" or "ipv6_addr".
+func (f Family) addrType() string {
+	if f == IPv6 {
+		return "ipv6_addr"
+	}
+	return "ipv4_addr"
+}
+
+// notLocalhost is upstream's match for destinations off the loopback range.
+func (f Family) notLocalhost() string {
+	if f == IPv6 {
+		return "ip6 daddr != ::1"
+	}
+	return "ip daddr != 127.0.0.0/8"
+}
+
 // Metrics receives the outcome of each sync; the agents adapt it to Prometheus.
 type Metrics interface {
 	// SyncDone reports one sync: the backend ("nftables", "iptables"), whether it
@@ -122,21 +161,18 @@ func (c *NFTablesConfig) setDefaults() error {
 	if len(c.Table) > 63 || !dns1123Label.MatchString(c.Table) {
 		return fmt.Errorf("%w: table name %q", ErrInvalidConfig, c.Table)
 	}
-	if err := defaultMarkAndCIDR(&c.MasqueradeMark, c.ClusterCIDR); err != nil {
+	if err := defaultMarkAndCIDR(&c.Family, &c.MasqueradeMark, c.ClusterCIDR, c.NodeIP); err != nil {
 		return err
 	}
 	for _, p := range c.ServiceCIDRs {
-		if !p.IsValid() || !p.Addr().Is4() {
-			return fmt.Errorf("%w: service CIDR %v is not IPv4", ErrInvalidConfig, p)
+		if !p.IsValid() || !c.Family.has(p.Addr()) {
+			return fmt.Errorf("%w: service CIDR %v is not %s", ErrInvalidConfig, p, c.Family)
 		}
 	}
 	for _, a := range c.NodePortAddresses {
-		if !a.Is4() {
-			return fmt.Errorf("%w: node port address %v is not IPv4", ErrInvalidConfig, a)
+		if !c.Family.has(a) {
+			return fmt.Errorf("%w: node port address %v is not %s", ErrInvalidConfig, a, c.Family)
 		}
-	}
-	if c.NodeIP.IsValid() && !c.NodeIP.Is4() {
-		return fmt.Errorf("%w: node IP %v is not IPv4", ErrInvalidConfig, c.NodeIP)
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
@@ -190,13 +226,13 @@ func NewNFTables(cfg NFTablesConfig) (*NFTables, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	nft, err := knftables.New(knftables.IPv4Family, cfg.Table)
+	nft, err := knftables.New(cfg.Family.nft(), cfg.Table)
 	if err != nil {
-		return nil, fmt.Errorf("nftables for table ip %s: %w", cfg.Table, err)
+		return nil, fmt.Errorf("nftables for table %s %s: %w", cfg.Family.nft(), cfg.Table, err)
 	}
 	w := &NFTables{cfg: cfg, nft: nft, applier: cliApplier{nft}, stale: map[string]bool{}}
 	if cfg.Applier == NFTablesNetlink {
-		w.applier = newNetlinkApplier(cfg.Table)
+		w.applier = newNetlinkApplier(cfg.Family, cfg.Table)
 	}
 	return w, nil
 }
@@ -216,7 +252,7 @@ func RenderNFTables(cfg NFTablesConfig, st *State) (string, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return "", err
 	}
-	w, err := newNFTablesWith(cfg, knftables.NewFake(knftables.IPv4Family, cfg.Table))
+	w, err := newNFTablesWith(cfg, knftables.NewFake(cfg.Family.nft(), cfg.Table))
 	if err != nil {
 		return "", err
 	}
@@ -249,7 +285,7 @@ func (w *NFTables) Sync(ctx context.Context, st *State) error {
 	tx, commit, newStale, err := w.transaction(ctx, st)
 	if err == nil && len(tx.ops) > 0 {
 		if rerr := w.applier.apply(ctx, tx); rerr != nil {
-			err = fmt.Errorf("%w: nftables table ip %s (%d operations, %s): %w", ErrApplyFailed, w.cfg.Table, len(tx.ops), w.cfg.Applier, rerr)
+			err = fmt.Errorf("%w: nftables table %s %s (%d operations, %s): %w", ErrApplyFailed, w.cfg.Family.nft(), w.cfg.Table, len(tx.ops), w.cfg.Applier, rerr)
 		}
 	}
 	took := w.cfg.Clock.Since(start)
@@ -261,13 +297,13 @@ func (w *NFTables) Sync(ctx context.Context, st *State) error {
 		if commit != nil {
 			w.applied = nil
 		}
-		log.Error(err, "nftables sync failed", "table", w.cfg.Table, "full", full)
+		log.Error(err, "nftables sync failed", "family", w.cfg.Family, "table", w.cfg.Table, "full", full)
 		return err
 	}
 	commit()
 	w.stale = newStale
 	w.baseRecreated = true
-	log.V(4).Info("nftables sync done", "table", w.cfg.Table, "full", full, "operations", len(tx.ops), "took", took)
+	log.V(4).Info("nftables sync done", "family", w.cfg.Family, "table", w.cfg.Table, "full", full, "operations", len(tx.ops), "took", took)
 	return nil
 }
 
@@ -513,7 +549,7 @@ func (w *NFTables) compileService(s *Service) *svcRules {
 		var jumps, gotos []string
 		for _, ep := range eps {
 			epBase := nftEndpointBase(s, ep)
-			jumps = append(jumps, fmt.Sprintf("ip saddr @%s goto %s", nftAffinityPrefix+epBase, nftEndpointPrefix+epBase))
+			jumps = append(jumps, fmt.Sprintf("%s saddr @%s goto %s", w.cfg.Family.ipX(), nftAffinityPrefix+epBase, nftEndpointPrefix+epBase))
 			gotos = append(gotos, "goto "+nftEndpointPrefix+epBase)
 		}
 		c := addChain(name, jumps...)
@@ -533,7 +569,7 @@ func (w *NFTables) compileService(s *Service) *svcRules {
 			epBase := nftEndpointBase(s, ep)
 			r.affinity[nftAffinityPrefix+epBase] = s.AffinityTimeout
 			c := addChain(nftEndpointPrefix+epBase,
-				fmt.Sprintf("update @%s { ip saddr }", nftAffinityPrefix+epBase),
+				fmt.Sprintf("update @%s { %s saddr }", nftAffinityPrefix+epBase, w.cfg.Family.ipX()),
 				fmt.Sprintf("meta l4proto %s dnat to %s", proto, ep))
 			c.sig = s.AffinityTimeout.String()
 		}
@@ -558,7 +594,7 @@ func (w *NFTables) compileService(s *Service) *svcRules {
 			// endpoints, as if out through a load balancer and back in; the node's
 			// own traffic is masqueraded, as its source is the destination address.
 			if w.cfg.ClusterCIDR.IsValid() {
-				addChain(extChain, fmt.Sprintf(`ip saddr %s goto %s comment "short-circuit pod traffic"`, w.cfg.ClusterCIDR.Masked(), svcChain))
+				addChain(extChain, fmt.Sprintf(`%s saddr %s goto %s comment "short-circuit pod traffic"`, w.cfg.Family.ipX(), w.cfg.ClusterCIDR.Masked(), svcChain))
 			}
 			addChain(extChain,
 				`fib saddr type local `+w.masqueradeRule()+` comment "masquerade local traffic"`,
@@ -598,7 +634,7 @@ func (w *NFTables) firewallRule(s *Service) string {
 			sources = append(sources, ip.String())
 		}
 	}
-	return "ip saddr != { " + strings.Join(sources, " , ") + " } drop"
+	return w.cfg.Family.ipX() + " saddr != { " + strings.Join(sources, " , ") + " } drop"
 }
 
 // pickRules turns n terminal verdicts into n rules (each starting with match) that
@@ -650,7 +686,7 @@ func (w *NFTables) transaction(ctx context.Context, st *State) (*nftTx, func(), 
 	var removed []svcID
 	var err error
 	if full {
-		if err := st.Validate(); err != nil {
+		if err := st.ValidateFamily(w.cfg.Family); err != nil {
 			return nil, nil, nil, err
 		}
 		for i := range st.Services {
@@ -693,10 +729,10 @@ func (w *NFTables) transaction(ctx context.Context, st *State) (*nftTx, func(), 
 		// Whatever a previous writer left: chains to flush, affinity sets to delete.
 		var existingSets []string
 		if existingChains, err = w.applier.list(ctx, "chain"); err != nil {
-			return nil, nil, nil, fmt.Errorf("%w: list chains of table ip %s: %w", ErrApplyFailed, w.cfg.Table, err)
+			return nil, nil, nil, fmt.Errorf("%w: list chains of table %s %s: %w", ErrApplyFailed, w.cfg.Family.nft(), w.cfg.Table, err)
 		}
 		if existingSets, err = w.applier.list(ctx, "set"); err != nil {
-			return nil, nil, nil, fmt.Errorf("%w: list sets of table ip %s: %w", ErrApplyFailed, w.cfg.Table, err)
+			return nil, nil, nil, fmt.Errorf("%w: list sets of table %s %s: %w", ErrApplyFailed, w.cfg.Family.nft(), w.cfg.Table, err)
 		}
 		for _, c := range existingChains {
 			if isServiceChain(c) {
@@ -744,7 +780,7 @@ func (w *NFTables) transaction(ctx context.Context, st *State) (*nftTx, func(), 
 		if ok && old > 0 {
 			tx.delete(&knftables.Set{Name: name})
 		}
-		tx.add(&knftables.Set{Name: name, Type: "ipv4_addr",
+		tx.add(&knftables.Set{Name: name, Type: w.cfg.Family.addrType(),
 			Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}, Timeout: &timeout})
 	}
 	// 4. The rules of the changed chains.
@@ -861,7 +897,7 @@ func (w *NFTables) changes(st *State, prev *nftPlan) (changed, olds []*svcRules,
 			}
 			added[id] = true
 		}
-		if err := s.Validate(); err != nil {
+		if err := s.ValidateFamily(w.cfg.Family); err != nil {
 			return nil, nil, nil, err
 		}
 		changed = append(changed, w.compileService(s))
@@ -954,6 +990,7 @@ func (w *NFTables) elementChanges(tx *nftTx, prev *nftPlan, changed, olds []*svc
 // writeBase writes the table, base chains, top-level chains, maps and sets, as
 // kube-proxy's setup does on a full sync.
 func (w *NFTables) writeBase(tx *nftTx) {
+	ipX, addr := w.cfg.Family.ipX(), w.cfg.Family.addrType()
 	tx.add(&knftables.Table{Comment: knftables.PtrTo("rules for kube-proxy")})
 	base := []struct {
 		name     string
@@ -1012,66 +1049,66 @@ func (w *NFTables) writeBase(tx *nftTx) {
 		ensure(c)
 	}
 	mark := fmt.Sprintf("%#x", w.cfg.MasqueradeMark)
-	tx.add(&knftables.Set{Name: setHairpinConnections, Type: "ipv4_addr . ipv4_addr . inet_proto . inet_service",
+	tx.add(&knftables.Set{Name: setHairpinConnections, Type: addr + " . " + addr + " . inet_proto . inet_service",
 		Comment: knftables.PtrTo("service hairpin connections")})
 	tx.add(&knftables.Rule{Chain: chainMasquerading,
 		Rule: knftables.Concat("mark and", mark, "!= 0 mark set mark xor", mark, "masquerade fully-random")})
 	tx.add(&knftables.Rule{Chain: chainMasquerading,
-		Rule: "ct status dnat ip saddr . ip daddr . meta l4proto . th dport @" + setHairpinConnections + " masquerade fully-random"})
-	tx.add(&knftables.Set{Name: setClusterIPs, Type: "ipv4_addr", Comment: knftables.PtrTo("Active ClusterIPs")})
-	tx.add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: "ip daddr @" + setClusterIPs + " reject",
+		Rule: "ct status dnat " + ipX + " saddr . " + ipX + " daddr . meta l4proto . th dport @" + setHairpinConnections + " masquerade fully-random"})
+	tx.add(&knftables.Set{Name: setClusterIPs, Type: addr, Comment: knftables.PtrTo("Active ClusterIPs")})
+	tx.add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: ipX + " daddr @" + setClusterIPs + " reject",
 		Comment: knftables.PtrTo("Reject traffic to invalid ports of ClusterIPs")})
 	// kube-proxy puts all service CIDRs in one anonymous set; one rule per CIDR
 	// (each a one-element set, which nft compiles to a plain match) drops the same
 	// packets and needs no anonymous set in the netlink encoding.
 	for _, p := range w.cfg.ServiceCIDRs {
-		tx.add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: "ip daddr { " + p.Masked().String() + " } drop",
+		tx.add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: ipX + " daddr { " + p.Masked().String() + " } drop",
 			Comment: knftables.PtrTo("Drop traffic to unallocated ClusterIPs")})
 	}
-	tx.add(&knftables.Set{Name: setNodePortIPs, Type: "ipv4_addr", Comment: knftables.PtrTo("IPs that accept NodePort traffic")})
+	tx.add(&knftables.Set{Name: setNodePortIPs, Type: addr, Comment: knftables.PtrTo("IPs that accept NodePort traffic")})
 	matchAllNodePorts := len(w.cfg.NodePortAddresses) == 0
 	if matchAllNodePorts {
 		tx.delete(&knftables.Set{Name: setNodePortIPs})
 	}
-	tx.add(&knftables.Map{Name: mapNoEndpointServices, Type: "ipv4_addr . inet_proto . inet_service : verdict",
+	tx.add(&knftables.Map{Name: mapNoEndpointServices, Type: addr + " . inet_proto . inet_service : verdict",
 		Comment: knftables.PtrTo("vmap to drop or reject packets to services with no endpoints")})
 	tx.add(&knftables.Map{Name: mapNoEndpointNodePorts, Type: "inet_proto . inet_service : verdict",
 		Comment: knftables.PtrTo("vmap to drop or reject packets to service nodeports with no endpoints")})
 	tx.add(&knftables.Chain{Name: chainReject, Comment: knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")})
 	tx.flush(&knftables.Chain{Name: chainReject})
 	tx.add(&knftables.Rule{Chain: chainReject, Rule: "reject"})
-	tx.add(&knftables.Rule{Chain: chainServiceEndpointsCheck, Rule: "ip daddr . meta l4proto . th dport vmap @" + mapNoEndpointServices})
+	tx.add(&knftables.Rule{Chain: chainServiceEndpointsCheck, Rule: ipX + " daddr . meta l4proto . th dport vmap @" + mapNoEndpointServices})
 	if matchAllNodePorts {
 		tx.add(&knftables.Rule{Chain: chainNodePortEndpointsCheck,
-			Rule: "ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})
+			Rule: w.cfg.Family.notLocalhost() + " meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})
 	} else {
 		tx.add(&knftables.Rule{Chain: chainNodePortEndpointsCheck,
-			Rule: "ip daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})
+			Rule: ipX + " daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapNoEndpointNodePorts})
 	}
-	tx.add(&knftables.Map{Name: mapFirewallIPs, Type: "ipv4_addr . inet_proto . inet_service : verdict",
+	tx.add(&knftables.Map{Name: mapFirewallIPs, Type: addr + " . inet_proto . inet_service : verdict",
 		Comment: knftables.PtrTo("destinations that are subject to LoadBalancerSourceRanges")})
 	ensure(chainFirewallCheck)
-	tx.add(&knftables.Rule{Chain: chainFirewallCheck, Rule: "ip daddr . meta l4proto . th dport vmap @" + mapFirewallIPs})
-	tx.add(&knftables.Map{Name: mapServiceIPs, Type: "ipv4_addr . inet_proto . inet_service : verdict",
+	tx.add(&knftables.Rule{Chain: chainFirewallCheck, Rule: ipX + " daddr . meta l4proto . th dport vmap @" + mapFirewallIPs})
+	tx.add(&knftables.Map{Name: mapServiceIPs, Type: addr + " . inet_proto . inet_service : verdict",
 		Comment: knftables.PtrTo("ClusterIP, ExternalIP and LoadBalancer IP traffic")})
 	tx.add(&knftables.Map{Name: mapServiceNodePorts, Type: "inet_proto . inet_service : verdict",
 		Comment: knftables.PtrTo("NodePort traffic")})
 	switch {
 	case w.cfg.MasqueradeAll:
-		tx.add(&knftables.Rule{Chain: chainServices, Rule: "ip daddr @" + setClusterIPs + " " + w.masqueradeRule(),
+		tx.add(&knftables.Rule{Chain: chainServices, Rule: ipX + " daddr @" + setClusterIPs + " " + w.masqueradeRule(),
 			Comment: knftables.PtrTo("masquerade all clusterIP traffic")})
 	case w.cfg.ClusterCIDR.IsValid():
 		tx.add(&knftables.Rule{Chain: chainServices,
-			Rule:    "ip daddr @" + setClusterIPs + " ip saddr != " + w.cfg.ClusterCIDR.Masked().String() + " " + w.masqueradeRule(),
+			Rule:    ipX + " daddr @" + setClusterIPs + " " + ipX + " saddr != " + w.cfg.ClusterCIDR.Masked().String() + " " + w.masqueradeRule(),
 			Comment: knftables.PtrTo("masquerade clusterIP traffic from outside cluster")})
 	}
-	tx.add(&knftables.Rule{Chain: chainServices, Rule: "ip daddr . meta l4proto . th dport vmap @" + mapServiceIPs})
+	tx.add(&knftables.Rule{Chain: chainServices, Rule: ipX + " daddr . meta l4proto . th dport vmap @" + mapServiceIPs})
 	if matchAllNodePorts {
 		tx.add(&knftables.Rule{Chain: chainServices,
-			Rule: "fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @" + mapServiceNodePorts})
+			Rule: "fib daddr type local " + w.cfg.Family.notLocalhost() + " meta l4proto . th dport vmap @" + mapServiceNodePorts})
 	} else {
 		tx.add(&knftables.Rule{Chain: chainServices,
-			Rule: "ip daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapServiceNodePorts})
+			Rule: ipX + " daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapServiceNodePorts})
 	}
 }
 

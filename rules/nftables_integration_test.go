@@ -530,105 +530,184 @@ func TestNFTablesNetlinkMatchesCLI(t *testing.T) {
 		{"masquerade all, every node address, own mark", rules.NFTablesConfig{Table: "equiv", MasqueradeAll: true, MasqueradeMark: 0x8000}},
 		{"cluster CIDR not byte aligned", rules.NFTablesConfig{Table: "equiv", ClusterCIDR: netip.MustParsePrefix("10.240.0.0/12")}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			env := netns.New(t, netns.Config{Pods: 1})
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			viaNetlink, viaCLI := env.Node, env.Client
-			list := func(ns *netns.Namespace) string {
-				out, err := ns.Run(ctx, "", "nft", "list", "table", "ip", "equiv")
-				require.NoError(t, err)
-				return out
-			}
-			st := equivalenceState()
-			var w *rules.NFTables
-			require.NoError(t, viaNetlink.Do(func() (err error) {
-				w, err = rules.NewNFTables(tc.cfg)
-				if err != nil {
-					return err
-				}
-				return w.Sync(ctx, st)
-			}))
-			payload, err := rules.RenderNFTables(tc.cfg, st)
-			require.NoError(t, err)
-			_, err = viaCLI.Run(ctx, payload, "nft", "-f", "-")
-			require.NoError(t, err)
-			require.Equal(t, list(viaCLI), list(viaNetlink), "full sync")
-			// The kernel's own view agrees too: the same expressions, registers, set
-			// flags and element bytes (nft prints them with --debug=netlink). Lines are
-			// compared as a multiset: a hash set lists its elements in a per-set
-			// random order; the order of rules is checked by the listing above.
-			bytecode := func(ns *netns.Namespace) []string {
-				out, err := ns.Run(ctx, "", "nft", "--debug=netlink", "list", "table", "ip", "equiv")
-				require.NoError(t, err)
-				lines := strings.Split(out, "\n")
-				slices.Sort(lines)
-				return lines
-			}
-			require.Equal(t, bytecode(viaCLI), bytecode(viaNetlink), "full sync, bytecode")
-
-			// The same partial syncs through both appliers, from the same start: a
-			// writer's first sync into an empty namespace (listing order follows
-			// creation order).
-			_, err = viaCLI.Run(ctx, "", "nft", "delete", "table", "ip", "equiv")
-			require.NoError(t, err)
-			cliCfg := tc.cfg
-			cliCfg.Applier = rules.NFTablesCLI
-			var cw *rules.NFTables
-			require.NoError(t, viaCLI.Do(func() (err error) {
-				cw, err = rules.NewNFTables(cliCfg)
-				if err != nil {
-					return err
-				}
-				return cw.Sync(ctx, st)
-			}))
-			require.Equal(t, list(viaCLI), list(viaNetlink), "full sync through the CLI writer")
-			for _, step := range []struct {
-				name   string
-				mutate func(*rules.State)
-			}{
-				{"endpoint removed", func(s *rules.State) { s.Services[0].Endpoints = s.Services[0].Endpoints[:2] }},
-				{"affinity timeout changed", func(s *rules.State) { s.Services[2].AffinityTimeout = time.Minute }},
-				{"affinity turned on", func(s *rules.State) { s.Services[0].AffinityTimeout = 30 * time.Second }},
-				{"service lost its endpoints", func(s *rules.State) { s.Services[3].Endpoints = nil }},
-				{"service got endpoints", func(s *rules.State) {
-					s.Services[4].Endpoints = []rules.Endpoint{{IP: netip.MustParseAddr("10.244.1.10"), Port: 8080}}
-				}},
-				{"service deleted", func(s *rules.State) { s.Services = slices.Delete(s.Services, 2, 3) }},
-				{"stale chains deleted, node port changed", func(s *rules.State) { s.Services[0].NodePort = 30090 }},
-				{"affinity off, external IP gone", func(s *rules.State) {
-					s.Services[0].AffinityTimeout = 0
-					s.Services[0].ExternalIPs = nil
-				}},
-				{"source ranges changed (indexes after the deletion above)", func(s *rules.State) {
-					s.Services[8].LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("0.0.0.0/8")}
-					s.Services[9].LoadBalancerSourceRanges = append(s.Services[9].LoadBalancerSourceRanges, netip.MustParsePrefix("192.0.2.7/32"))
-				}},
-				{"source ranges removed, one range left", func(s *rules.State) {
-					s.Services[8].LoadBalancerSourceRanges = nil
-					s.Services[9].LoadBalancerSourceRanges = s.Services[9].LoadBalancerSourceRanges[1:]
-				}},
-				{"service added", func(s *rules.State) {
-					s.Services = append(s.Services, rules.Service{Namespace: "other", Name: "new", Protocol: rules.UDP,
-						ClusterIP: netip.MustParseAddr("10.96.0.99"), Port: 99, NodePort: 30099,
-						Endpoints: []rules.Endpoint{{IP: netip.MustParseAddr("10.244.1.12"), Port: 99}}})
-				}},
-			} {
-				step.mutate(st)
-				require.NoError(t, viaNetlink.Do(func() error { return w.Sync(ctx, st) }), step.name)
-				require.NoError(t, viaCLI.Do(func() error { return cw.Sync(ctx, st) }), step.name)
-				require.Equal(t, list(viaCLI), list(viaNetlink), "after partial sync: %s", step.name)
-				require.Equal(t, bytecode(viaCLI), bytecode(viaNetlink), "after partial sync, bytecode: %s", step.name)
-			}
-			// A forced full sync over the partial history still matches.
-			w.ForceFullSync()
-			cw.ForceFullSync()
-			require.NoError(t, viaNetlink.Do(func() error { return w.Sync(ctx, st) }))
-			require.NoError(t, viaCLI.Do(func() error { return cw.Sync(ctx, st) }))
-			require.Equal(t, list(viaCLI), list(viaNetlink), "forced full sync")
-			require.Equal(t, bytecode(viaCLI), bytecode(viaNetlink), "forced full sync, bytecode")
-		})
+		for _, family := range []rules.Family{rules.IPv4, rules.IPv6} {
+			t.Run(string(family)+"/"+tc.name, func(t *testing.T) {
+				testNetlinkMatchesCLI(t, family, tc.cfg)
+			})
+		}
 	}
+}
+
+// testNetlinkMatchesCLI runs the equivalence for one family: the IPv6 run writes
+// the same states with every address mapped by to6.
+func testNetlinkMatchesCLI(t *testing.T, family rules.Family, cfg rules.NFTablesConfig) {
+	conv := func(st *rules.State) *rules.State { return st }
+	nftFamily := "ip"
+	if family == rules.IPv6 {
+		cfg = cfgTo6(cfg)
+		conv = stateTo6
+		nftFamily = "ip6"
+	}
+	env := netns.New(t, netns.Config{Pods: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	viaNetlink, viaCLI := env.Node, env.Client
+	list := func(ns *netns.Namespace) string {
+		out, err := ns.Run(ctx, "", "nft", "list", "table", nftFamily, "equiv")
+		require.NoError(t, err)
+		return out
+	}
+	st := equivalenceState()
+	var w *rules.NFTables
+	require.NoError(t, viaNetlink.Do(func() (err error) {
+		w, err = rules.NewNFTables(cfg)
+		if err != nil {
+			return err
+		}
+		return w.Sync(ctx, conv(st))
+	}))
+	payload, err := rules.RenderNFTables(cfg, conv(st))
+	require.NoError(t, err)
+	_, err = viaCLI.Run(ctx, payload, "nft", "-f", "-")
+	require.NoError(t, err)
+	require.Equal(t, list(viaCLI), list(viaNetlink), "full sync")
+	// The kernel's own view agrees too: the same expressions, registers, set
+	// flags and element bytes (nft prints them with --debug=netlink). Lines are
+	// compared as a multiset: a hash set lists its elements in a per-set
+	// random order; the order of rules is checked by the listing above.
+	bytecode := func(ns *netns.Namespace) []string {
+		out, err := ns.Run(ctx, "", "nft", "--debug=netlink", "list", "table", nftFamily, "equiv")
+		require.NoError(t, err)
+		lines := strings.Split(out, "\n")
+		slices.Sort(lines)
+		return lines
+	}
+	require.Equal(t, bytecode(viaCLI), bytecode(viaNetlink), "full sync, bytecode")
+
+	// The same partial syncs through both appliers, from the same start: a
+	// writer's first sync into an empty namespace (listing order follows
+	// creation order).
+	_, err = viaCLI.Run(ctx, "", "nft", "delete", "table", nftFamily, "equiv")
+	require.NoError(t, err)
+	cliCfg := cfg
+	cliCfg.Applier = rules.NFTablesCLI
+	var cw *rules.NFTables
+	require.NoError(t, viaCLI.Do(func() (err error) {
+		cw, err = rules.NewNFTables(cliCfg)
+		if err != nil {
+			return err
+		}
+		return cw.Sync(ctx, conv(st))
+	}))
+	require.Equal(t, list(viaCLI), list(viaNetlink), "full sync through the CLI writer")
+	for _, step := range []struct {
+		name   string
+		mutate func(*rules.State)
+	}{
+		{"endpoint removed", func(s *rules.State) { s.Services[0].Endpoints = s.Services[0].Endpoints[:2] }},
+		{"affinity timeout changed", func(s *rules.State) { s.Services[2].AffinityTimeout = time.Minute }},
+		{"affinity turned on", func(s *rules.State) { s.Services[0].AffinityTimeout = 30 * time.Second }},
+		{"service lost its endpoints", func(s *rules.State) { s.Services[3].Endpoints = nil }},
+		{"service got endpoints", func(s *rules.State) {
+			s.Services[4].Endpoints = []rules.Endpoint{{IP: netip.MustParseAddr("10.244.1.10"), Port: 8080}}
+		}},
+		{"service deleted", func(s *rules.State) { s.Services = slices.Delete(s.Services, 2, 3) }},
+		{"stale chains deleted, node port changed", func(s *rules.State) { s.Services[0].NodePort = 30090 }},
+		{"affinity off, external IP gone", func(s *rules.State) {
+			s.Services[0].AffinityTimeout = 0
+			s.Services[0].ExternalIPs = nil
+		}},
+		{"source ranges changed (indexes after the deletion above)", func(s *rules.State) {
+			s.Services[8].LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("0.0.0.0/8")}
+			s.Services[9].LoadBalancerSourceRanges = append(s.Services[9].LoadBalancerSourceRanges, netip.MustParsePrefix("192.0.2.7/32"))
+		}},
+		{"source ranges removed, one range left", func(s *rules.State) {
+			s.Services[8].LoadBalancerSourceRanges = nil
+			s.Services[9].LoadBalancerSourceRanges = s.Services[9].LoadBalancerSourceRanges[1:]
+		}},
+		{"service added", func(s *rules.State) {
+			s.Services = append(s.Services, rules.Service{Namespace: "other", Name: "new", Protocol: rules.UDP,
+				ClusterIP: netip.MustParseAddr("10.96.0.99"), Port: 99, NodePort: 30099,
+				Endpoints: []rules.Endpoint{{IP: netip.MustParseAddr("10.244.1.12"), Port: 99}}})
+		}},
+	} {
+		step.mutate(st)
+		require.NoError(t, viaNetlink.Do(func() error { return w.Sync(ctx, conv(st)) }), step.name)
+		require.NoError(t, viaCLI.Do(func() error { return cw.Sync(ctx, conv(st)) }), step.name)
+		require.Equal(t, list(viaCLI), list(viaNetlink), "after partial sync: %s", step.name)
+		require.Equal(t, bytecode(viaCLI), bytecode(viaNetlink), "after partial sync, bytecode: %s", step.name)
+	}
+	// A forced full sync over the partial history still matches.
+	w.ForceFullSync()
+	cw.ForceFullSync()
+	require.NoError(t, viaNetlink.Do(func() error { return w.Sync(ctx, conv(st)) }))
+	require.NoError(t, viaCLI.Do(func() error { return cw.Sync(ctx, conv(st)) }))
+	require.Equal(t, list(viaCLI), list(viaNetlink), "forced full sync")
+	require.Equal(t, bytecode(viaCLI), bytecode(viaNetlink), "forced full sync, bytecode")
+}
+
+// to6 maps an IPv4 address into IPv6, keeping its place in the address space for
+// the interval tests: 0.x.y.z to ::0.x.y.z (the start of the space), 255.x.y.z to
+// ffff:...:ffff:ffxx:yyzz (its end), anything else to fd00::a.b.c.d.
+func to6(a netip.Addr) netip.Addr {
+	v4 := a.As4()
+	var b [16]byte
+	switch v4[0] {
+	case 0:
+	case 255:
+		for i := range 12 {
+			b[i] = 0xff
+		}
+	default:
+		b[0] = 0xfd
+	}
+	copy(b[12:], v4[:])
+	return netip.AddrFrom16(b)
+}
+
+func prefixTo6(p netip.Prefix) netip.Prefix { return netip.PrefixFrom(to6(p.Addr()), 96+p.Bits()) }
+
+func stateTo6(st *rules.State) *rules.State {
+	out := st.Clone()
+	for i := range out.Services {
+		s := &out.Services[i]
+		s.ClusterIP = to6(s.ClusterIP)
+		for j := range s.ExternalIPs {
+			s.ExternalIPs[j] = to6(s.ExternalIPs[j])
+		}
+		for j := range s.LoadBalancerIPs {
+			s.LoadBalancerIPs[j] = to6(s.LoadBalancerIPs[j])
+		}
+		for j := range s.LoadBalancerSourceRanges {
+			s.LoadBalancerSourceRanges[j] = prefixTo6(s.LoadBalancerSourceRanges[j])
+		}
+		for j := range s.Endpoints {
+			s.Endpoints[j].IP = to6(s.Endpoints[j].IP)
+		}
+		for j := range s.LocalEndpoints {
+			s.LocalEndpoints[j].IP = to6(s.LocalEndpoints[j].IP)
+		}
+	}
+	return out
+}
+
+func cfgTo6(cfg rules.NFTablesConfig) rules.NFTablesConfig {
+	cfg.Family = rules.IPv6
+	if cfg.ClusterCIDR.IsValid() {
+		cfg.ClusterCIDR = prefixTo6(cfg.ClusterCIDR)
+	}
+	if cfg.NodeIP.IsValid() {
+		cfg.NodeIP = to6(cfg.NodeIP)
+	}
+	cfg.ServiceCIDRs = slices.Clone(cfg.ServiceCIDRs)
+	for i := range cfg.ServiceCIDRs {
+		cfg.ServiceCIDRs[i] = prefixTo6(cfg.ServiceCIDRs[i])
+	}
+	cfg.NodePortAddresses = slices.Clone(cfg.NodePortAddresses)
+	for i := range cfg.NodePortAddresses {
+		cfg.NodePortAddresses[i] = to6(cfg.NodePortAddresses[i])
+	}
+	return cfg
 }
 
 // TestNFTablesNetlinkMatchesCLIAtScale: 1,200 service ports, so maps are written in

@@ -33,15 +33,18 @@ var errUnsupportedRule = errors.New("rule outside the grammar the netlink applie
 //	           | "fib" ("daddr" | "saddr") "type" "local"
 //	           | "meta" "l4proto" PROTO
 //	           | sel ("." sel)* ("@" SET | "vmap" "@" MAP)
-//	           | ("ip saddr" | "ip daddr") ["!="] (ADDR | PREFIX | "{" PREFIX "}")
-//	           | "ip saddr" ["!="] "{" PREFIX ("," PREFIX)+ "}"
-//	           | "update" "@" SET "{" "ip" "saddr" "}"
-//	           | "dnat" "to" ADDR ":" PORT
+//	           | (IP "saddr" | IP "daddr") ["!="] (ADDR | PREFIX | "{" PREFIX "}")
+//	           | IP "saddr" ["!="] "{" PREFIX ("," PREFIX)+ "}"
+//	           | "update" "@" SET "{" IP "saddr" "}"
+//	           | "dnat" "to" (ADDR4 | "[" ADDR6 "]") ":" PORT
 //	           | "masquerade" "fully-random" | "reject" | "drop" | "accept"
 //	           | ("jump" | "goto") CHAIN
-//	sel       := "ip saddr" | "ip daddr" | "meta l4proto" | "th dport"
-func ruleExprs(rule string) ([]expr.Any, error) {
-	p := &ruleParser{toks: strings.Fields(rule)}
+//	sel       := IP "saddr" | IP "daddr" | "meta l4proto" | "th dport"
+//	IP        := "ip" (IPv4 writer) | "ip6" (IPv6 writer)
+//
+// Addresses must be of the writer's family.
+func ruleExprs(family Family, rule string) ([]expr.Any, error) {
+	p := &ruleParser{toks: strings.Fields(rule), family: family}
 	if len(p.toks) == 0 {
 		return nil, fmt.Errorf("%w: empty rule", errUnsupportedRule)
 	}
@@ -65,7 +68,7 @@ func (p *ruleParser) parse(rule string) error {
 
 // encodeRule appends the rule's expressions, encoded, to enc's batch.
 func encodeRule(enc *exprEncoder, rule string) error {
-	p := &ruleParser{toks: strings.Fields(rule), enc: enc}
+	p := &ruleParser{toks: strings.Fields(rule), enc: enc, family: enc.family}
 	if len(p.toks) == 0 {
 		return fmt.Errorf("%w: empty rule", errUnsupportedRule)
 	}
@@ -73,9 +76,10 @@ func encodeRule(enc *exprEncoder, rule string) error {
 }
 
 type ruleParser struct {
-	toks []string
-	i    int
-	out  []expr.Any
+	family Family
+	toks   []string
+	i      int
+	out    []expr.Any
 	// enc, when set, receives the encoded expressions instead of out.
 	enc *exprEncoder
 	err error
@@ -92,12 +96,14 @@ type exprEncoder struct {
 	// anon are the set IDs of the anonymous sets created for the rule being
 	// encoded, in the order its lookups use them.
 	anon []uint32
+	// family is the writer's: it picks the family expressions are marshalled for.
+	family Family
 }
 
 func (e *exprEncoder) encode(exprs []expr.Any) ([]byte, error) {
 	var out []byte
 	for _, x := range exprs {
-		data, err := expr.Marshal(unix.NFPROTO_IPV4, x)
+		data, err := expr.Marshal(e.family.nfproto(), x)
 		if err != nil {
 			return nil, err
 		}
@@ -183,9 +189,27 @@ const (
 	regVerdict   = 0    // NFT_REG_VERDICT
 	reg1         = 1    // NFT_REG_1
 	reg32First   = 8    // NFT_REG32_00
-	// icmpPortUnreach is the code of nft's plain "reject" in the ip family.
-	icmpPortUnreach = 3
+	// icmpPortUnreach and icmpv6PortUnreach are the codes of nft's plain
+	// "reject" in the ip and ip6 families.
+	icmpPortUnreach   = 3
+	icmpv6PortUnreach = 4
 )
+
+// nfproto is the family's NFPROTO_ number, as nf_tables messages carry it.
+func (f Family) nfproto() uint8 {
+	if f == IPv6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
+}
+
+// addrLen is the family's address length in bytes.
+func (f Family) addrLen() uint32 {
+	if f == IPv6 {
+		return 16
+	}
+	return 4
+}
 
 func (p *ruleParser) stmt() error {
 	start := p.i
@@ -234,7 +258,7 @@ func (p *ruleParser) stmt() error {
 		}
 		p.emitConst(0, "fib "+addr+" type local", &expr.Fib{Register: reg1, FlagDADDR: addr == "daddr", FlagSADDR: addr == "saddr", ResultADDRTYPE: true},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(rtnLocal)})
-	case "ip", "meta", "th":
+	case "ip", "ip6", "meta", "th":
 		p.i--
 		return p.match()
 	case "update":
@@ -242,31 +266,34 @@ func (p *ruleParser) stmt() error {
 		if !ok || set == "" {
 			return errors.New("update needs @set")
 		}
-		if err := p.expect("{", "ip", "saddr", "}"); err != nil {
+		if err := p.expect("{", p.family.ipX(), "saddr", "}"); err != nil {
 			return err
 		}
-		p.emit(ipField("saddr", reg1, 4),
+		p.emit(p.ipField("saddr", reg1, p.family.addrLen()),
 			&expr.Dynset{SrcRegKey: reg1, SetName: set, Operation: unix.NFT_DYNSET_OP_UPDATE})
 	case "dnat":
 		if err := p.expect("to"); err != nil {
 			return err
 		}
 		ap, err := netip.ParseAddrPort(p.next())
-		if err != nil || !ap.Addr().Is4() {
-			return fmt.Errorf("dnat target: %v", err)
+		if err != nil || !p.family.has(ap.Addr()) {
+			return fmt.Errorf("dnat target is not an %s address and port: %v", p.family, err)
 		}
-		ip := ap.Addr().As4()
-		p.emit(&expr.Immediate{Register: 1, Data: ip[:]})
+		p.emit(&expr.Immediate{Register: 1, Data: ap.Addr().AsSlice()})
 		p.emitConst(0, "dnat port "+strconv.Itoa(int(ap.Port())),
 			&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, ap.Port())})
-		p.emitConst(0, "dnat", &expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true})
+		p.emitConst(0, "dnat", &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(p.family.nfproto()), RegAddrMin: 1, RegProtoMin: 2, Specified: true})
 	case "masquerade":
 		if err := p.expect("fully-random"); err != nil {
 			return err
 		}
 		p.emitConst(0, "masquerade fully-random", &expr.Masq{FullyRandom: true})
 	case "reject":
-		p.emitConst(0, "reject", &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpPortUnreach})
+		code := uint8(icmpPortUnreach)
+		if p.family == IPv6 {
+			code = icmpv6PortUnreach
+		}
+		p.emitConst(0, "reject", &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: code})
 	case "drop":
 		p.emitConst(0, "drop", &expr.Verdict{Kind: expr.VerdictDrop})
 	case "accept":
@@ -345,20 +372,30 @@ type selector struct {
 	load func(reg uint32) expr.Any
 }
 
-func ipField(field string, reg, size uint32) expr.Any {
+// ipField loads size bytes of the source or destination address from the network
+// header: at 12 and 16 in IPv4, 8 and 24 in IPv6.
+func (p *ruleParser) ipField(field string, reg, size uint32) expr.Any {
 	off := uint32(12)
 	if field == "daddr" {
 		off = 16
 	}
+	if p.family == IPv6 {
+		off = 8
+		if field == "daddr" {
+			off = 24
+		}
+	}
 	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: size}
 }
 
-// selectorAt reads "ip saddr", "ip daddr", "meta l4proto" or "th dport".
+// selectorAt reads IP "saddr", IP "daddr", "meta l4proto" or "th dport", IP being
+// the writer's family's "ip" or "ip6".
 func (p *ruleParser) selector() (selector, error) {
 	a, b := p.next(), p.next()
+	if a == p.family.ipX() && (b == "saddr" || b == "daddr") {
+		return selector{"ip " + b, p.family.addrLen(), func(r uint32) expr.Any { return p.ipField(b, r, p.family.addrLen()) }}, nil
+	}
 	switch a + " " + b {
-	case "ip saddr", "ip daddr":
-		return selector{a + " " + b, 4, func(r uint32) expr.Any { return ipField(b, r, 4) }}, nil
 	case "meta l4proto":
 		return selector{"meta l4proto", 1, func(r uint32) expr.Any {
 			return &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: r}
@@ -442,7 +479,7 @@ func (p *ruleParser) match() error {
 				return err
 			}
 		} else {
-			pfx, err := parsePrefix4(p.next())
+			pfx, err := parsePrefix(p.next(), p.family)
 			if err != nil {
 				return err
 			}
@@ -451,11 +488,11 @@ func (p *ruleParser) match() error {
 		if len(pfxs) == 1 {
 			// One address or prefix, or a one-element anonymous set, which nft
 			// turns into the same plain match.
-			p.emit(prefixMatch(strings.TrimPrefix(s.name, "ip "), op, pfxs[0])...)
+			p.emit(p.prefixMatch(strings.TrimPrefix(s.name, "ip "), op, pfxs[0])...)
 			return nil
 		}
 		if s.name != "ip saddr" {
-			return errors.New("an anonymous set of several elements is supported for ip saddr only")
+			return errors.New("an anonymous set of several elements is supported for saddr only")
 		}
 		// Several elements: a lookup in the anonymous interval set the applier
 		// created just before the rule (see anonSets), "!=" inverting it.
@@ -483,7 +520,7 @@ func (p *ruleParser) braces() ([]netip.Prefix, error) {
 	}
 	var out []netip.Prefix
 	for {
-		pfx, err := parsePrefix4(p.next())
+		pfx, err := parsePrefix(p.next(), p.family)
 		if err != nil {
 			return nil, err
 		}
@@ -499,16 +536,16 @@ func (p *ruleParser) braces() ([]netip.Prefix, error) {
 }
 
 // anonSets returns the element lists of the multi-element anonymous sets of a
-// rule ("ip saddr [!=] { ... }"), in the order its lookups use them: the applier
+// rule (IP "saddr [!=] { ... }"), in the order its lookups use them: the applier
 // creates each set before the rule.
-func anonSets(rule string) ([][]netip.Prefix, error) {
+func anonSets(family Family, rule string) ([][]netip.Prefix, error) {
 	if !strings.Contains(rule, "{") {
 		return nil, nil
 	}
-	p := &ruleParser{toks: strings.Fields(rule)}
+	p := &ruleParser{toks: strings.Fields(rule), family: family}
 	var out [][]netip.Prefix
 	for ; p.i < len(p.toks); p.i++ {
-		if p.toks[p.i] != "ip" || p.peek(1) != "saddr" {
+		if p.toks[p.i] != family.ipX() || p.peek(1) != "saddr" {
 			continue
 		}
 		j := p.i + 2
@@ -531,7 +568,8 @@ func anonSets(rule string) ([][]netip.Prefix, error) {
 	return out, nil
 }
 
-func parsePrefix4(s string) (netip.Prefix, error) {
+// parsePrefix reads an address (a full-length prefix) or a prefix of family f.
+func parsePrefix(s string, f Family) (netip.Prefix, error) {
 	var pfx netip.Prefix
 	var err error
 	if strings.Contains(s, "/") {
@@ -539,29 +577,29 @@ func parsePrefix4(s string) (netip.Prefix, error) {
 	} else {
 		var a netip.Addr
 		a, err = netip.ParseAddr(s)
-		pfx = netip.PrefixFrom(a, 32)
+		pfx = netip.PrefixFrom(a, a.BitLen())
 	}
-	if err != nil || !pfx.Addr().Is4() {
-		return netip.Prefix{}, fmt.Errorf("not an IPv4 address or prefix: %q", s)
+	if err != nil || !f.has(pfx.Addr()) {
+		return netip.Prefix{}, fmt.Errorf("not an %s address or prefix: %q", f, s)
 	}
 	return pfx.Masked(), nil
 }
 
-// prefixMatch is nft's code for "ip field [!=] prefix": a byte-aligned prefix loads
-// only its bytes and compares them; any other length loads the address, masks it
-// and compares.
-func prefixMatch(field string, op expr.CmpOp, pfx netip.Prefix) []expr.Any {
-	addr := pfx.Addr().As4()
+// prefixMatch is nft's code for "ip[6] field [!=] prefix": a byte-aligned prefix
+// loads only its bytes and compares them; any other length loads the address,
+// masks it and compares.
+func (p *ruleParser) prefixMatch(field string, op expr.CmpOp, pfx netip.Prefix) []expr.Any {
+	addr := pfx.Addr().AsSlice()
 	bits := pfx.Bits()
 	if bits > 0 && bits%8 == 0 {
 		n := uint32(bits / 8)
-		return []expr.Any{ipField(field, reg1, n), &expr.Cmp{Op: op, Register: reg1, Data: addr[:n]}}
+		return []expr.Any{p.ipField(field, reg1, n), &expr.Cmp{Op: op, Register: reg1, Data: addr[:n]}}
 	}
-	mask := binary.BigEndian.AppendUint32(nil, ^uint32(0)<<(32-bits))
-	if bits == 0 {
-		mask = []byte{0, 0, 0, 0}
+	mask := make([]byte, len(addr))
+	for i := range bits {
+		mask[i/8] |= 0x80 >> (i % 8)
 	}
-	return []expr.Any{ipField(field, reg1, 4),
-		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
-		&expr.Cmp{Op: op, Register: reg1, Data: addr[:]}}
+	return []expr.Any{p.ipField(field, reg1, uint32(len(addr))),
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: uint32(len(addr)), Mask: mask, Xor: make([]byte, len(addr))},
+		&expr.Cmp{Op: op, Register: reg1, Data: addr}}
 }

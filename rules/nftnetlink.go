@@ -1,7 +1,6 @@
 package rules
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -43,7 +42,8 @@ const nftReplyTimeout = 30 * time.Second
 //
 // The socket is opened per apply, in the network namespace of the calling thread.
 type netlinkApplier struct {
-	table string
+	family Family
+	table  string
 	// keys remembers each set's and map's key and data types, learnt from the
 	// transactions that created them, so partial syncs can encode elements
 	// without asking the kernel.
@@ -53,8 +53,8 @@ type netlinkApplier struct {
 	seq   uint32
 }
 
-func newNetlinkApplier(table string) *netlinkApplier {
-	return &netlinkApplier{table: table, keys: map[string]*nftSetType{}, exprs: map[string][]byte{}, seq: uint32(time.Now().Unix())}
+func newNetlinkApplier(family Family, table string) *netlinkApplier {
+	return &netlinkApplier{family: family, table: table, keys: map[string]*nftSetType{}, exprs: map[string][]byte{}, seq: uint32(time.Now().Unix())}
 }
 
 // nftSetType is a set's key (and, for a map, data) layout.
@@ -73,6 +73,7 @@ type nftDatatype struct {
 
 var nftDatatypes = map[string]nftDatatype{
 	"ipv4_addr":    {"ipv4_addr", 7, 4},
+	"ipv6_addr":    {"ipv6_addr", 8, 16},
 	"inet_proto":   {"inet_proto", 12, 1},
 	"inet_service": {"inet_service", 13, 2},
 }
@@ -124,13 +125,22 @@ func (t *nftSetType) encodeKey(key []string) ([]byte, error) {
 	for i, dt := range t.key {
 		var field []byte
 		switch dt.name {
-		case "ipv4_addr":
-			a, err := netip.ParseAddr(key[i])
-			if err != nil || !a.Is4() {
-				return nil, fmt.Errorf("key field %q is not an IPv4 address", key[i])
+		case "ipv4_addr", "ipv6_addr":
+			f := IPv4
+			if dt.name == "ipv6_addr" {
+				f = IPv6
 			}
-			b := a.As4()
-			field = b[:]
+			a, err := netip.ParseAddr(key[i])
+			if err != nil || !f.has(a) {
+				return nil, fmt.Errorf("key field %q is not an %s address", key[i], f)
+			}
+			if f == IPv4 {
+				b := a.As4()
+				field = b[:]
+			} else {
+				b := a.As16()
+				field = b[:]
+			}
 		case "inet_proto":
 			p, ok := protoNumbers[key[i]]
 			if !ok {
@@ -217,6 +227,8 @@ type nlBatch struct {
 	nests []int
 	err   error
 	setID uint32
+	// nfproto is the family byte of every nf_tables message.
+	nfproto uint8
 }
 
 // batchCmd is the transaction command (or run of element commands) of a message.
@@ -226,7 +238,7 @@ type batchCmd struct{ op, n int }
 func (b *nlBatch) begin(typ, flags uint16, op, n int) {
 	b.seq++
 	b.cmds = append(b.cmds, batchCmd{op, n})
-	b.header(uint16(unix.NFNL_SUBSYS_NFTABLES)<<8|typ, flags, unix.NFPROTO_IPV4, 0)
+	b.header(uint16(unix.NFNL_SUBSYS_NFTABLES)<<8|typ, flags, b.nfproto, 0)
 }
 
 // header starts a message: nlmsghdr (length patched by end) and nfgenmsg.
@@ -343,10 +355,10 @@ var setFlagBits = map[knftables.SetFlag]uint32{
 func (a *netlinkApplier) encode(tx *nftTx) (*nlBatch, map[string]*nftSetType, error) {
 	// About 200 bytes a command: one buffer growth at most.
 	b := &nlBatch{seq: a.seq, first: a.seq, cmds: make([]batchCmd, 0, len(tx.ops)),
-		buf: make([]byte, 0, 200*len(tx.ops)+4096)}
+		buf: make([]byte, 0, 200*len(tx.ops)+4096), nfproto: a.family.nfproto()}
 	b.header(unix.NFNL_MSG_BATCH_BEGIN, 0, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)
 	b.end()
-	enc := &exprEncoder{b: b, cache: a.exprs}
+	enc := &exprEncoder{b: b, cache: a.exprs, family: a.family}
 	keys := map[string]*nftSetType{} // learnt in this batch
 	keyType := func(name string) *nftSetType {
 		if t, ok := keys[name]; ok {
@@ -492,7 +504,7 @@ func (a *netlinkApplier) rule(b *nlBatch, enc *exprEncoder, op int, r *knftables
 			return err
 		}
 	}
-	sets, err := anonSets(r.Rule)
+	sets, err := anonSets(a.family, r.Rule)
 	if err != nil {
 		return err
 	}
@@ -572,13 +584,21 @@ func (a *netlinkApplier) set(b *nlBatch, op int, verb nftVerb, name, typ string,
 	return nil
 }
 
-// Userdata of an anonymous "ip saddr" interval set, as nft 1.0.6 writes it: key
-// byte order big endian, merge elements, and the typeof of the payload expression
-// (ip saddr) the set was built from.
-var udAnonSaddrSet = slices.Concat(
-	[]byte{0, 4}, hostU32(2),
-	[]byte{2, 4}, hostU32(1),
-	[]byte{3, 20, 0, 4}, hostU32(7), []byte{1, 12, 0, 4}, hostU32(12), []byte{1, 4}, hostU32(11))
+// udAnonSaddrSet is the userdata of an anonymous "ip saddr" (or "ip6 saddr")
+// interval set, as nft 1.0.6 writes it: key byte order big endian, merge elements,
+// and the typeof of the payload expression the set was built from (nft's protocol
+// description number and header field index: ip is 12 with saddr 11, ip6 is 13
+// with saddr 8).
+func udAnonSaddrSet(f Family) []byte {
+	desc, field := uint32(12), uint32(11)
+	if f == IPv6 {
+		desc, field = 13, 8
+	}
+	return slices.Concat(
+		[]byte{0, 4}, hostU32(2),
+		[]byte{2, 4}, hostU32(1),
+		[]byte{3, 20, 0, 4}, hostU32(7), []byte{1, 12, 0, 4}, hostU32(desc), []byte{1, 4}, hostU32(field))
+}
 
 // udIntervalOpen is the element userdata nft puts on an interval that runs to the
 // end of the address space (no end element follows it).
@@ -589,19 +609,23 @@ var udIntervalOpen = slices.Concat([]byte{1, 4}, hostU32(1))
 // the batch, which the rule's lookup names.
 func (a *netlinkApplier) anonSet(b *nlBatch, op int, pfxs []netip.Prefix) uint32 {
 	elems := intervalElements(pfxs)
+	keyLen := uint32(4)
+	if a.family == IPv6 {
+		keyLen = 16
+	}
 	b.setID++
 	id := b.setID
 	b.begin(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, op, 1)
 	b.str(unix.NFTA_SET_TABLE, a.table)
 	b.str(unix.NFTA_SET_NAME, anonSetName)
 	b.u32(unix.NFTA_SET_FLAGS, unix.NFT_SET_ANONYMOUS|unix.NFT_SET_CONSTANT|unix.NFT_SET_INTERVAL)
-	b.u32(unix.NFTA_SET_KEY_TYPE, nftDatatypes["ipv4_addr"].id)
-	b.u32(unix.NFTA_SET_KEY_LEN, 4)
+	b.u32(unix.NFTA_SET_KEY_TYPE, nftDatatypes[a.family.addrType()].id)
+	b.u32(unix.NFTA_SET_KEY_LEN, keyLen)
 	b.u32(unix.NFTA_SET_ID, id)
 	b.nest(unix.NFTA_SET_DESC)
 	b.u32(unix.NFTA_SET_DESC_SIZE, uint32(len(elems)))
 	b.unnest()
-	b.attr(unix.NFTA_SET_USERDATA, udAnonSaddrSet)
+	b.attr(unix.NFTA_SET_USERDATA, udAnonSaddrSet(a.family))
 	b.end()
 	b.begin(unix.NFT_MSG_NEWSETELEM, unix.NLM_F_CREATE, op, 1)
 	b.str(unix.NFTA_SET_ELEM_LIST_TABLE, a.table)
@@ -614,7 +638,7 @@ func (a *netlinkApplier) anonSet(b *nlBatch, op int, pfxs []netip.Prefix) uint32
 			b.u32(unix.NFTA_SET_ELEM_FLAGS, unix.NFT_SET_ELEM_INTERVAL_END)
 		}
 		b.nest(unix.NFTA_SET_ELEM_KEY)
-		b.attr(unix.NFTA_DATA_VALUE, e.key[:])
+		b.attr(unix.NFTA_DATA_VALUE, e.key.AsSlice())
 		b.unnest()
 		if e.open {
 			b.attr(unix.NFTA_SET_ELEM_USERDATA, udIntervalOpen)
@@ -629,46 +653,56 @@ func (a *netlinkApplier) anonSet(b *nlBatch, op int, pfxs []netip.Prefix) uint32
 // intervalElement is one element of an interval set: the start of a range, or
 // (end) the first address after one.
 type intervalElement struct {
-	key  [4]byte
+	key  netip.Addr
 	end  bool
-	open bool // a start whose range runs to 255.255.255.255
+	open bool // a start whose range runs to the last address of the family
 }
 
-// intervalElements turns prefixes into the elements nft writes for them: ranges
-// sorted, overlapping and adjacent ones merged (nft's automerge), each a start
-// and an end element, with an end element at 0.0.0.0 first unless a range starts
-// there, and no end element after a range that reaches the last address.
+// intervalElements turns prefixes (all of one family) into the elements nft writes
+// for them: ranges sorted, overlapping and adjacent ones merged (nft's automerge),
+// each a start and an end element, with an end element at the first address
+// (0.0.0.0 or ::) first unless a range starts there, and no end element after a
+// range that reaches the last address.
 func intervalElements(pfxs []netip.Prefix) []intervalElement {
-	type span struct{ lo, hi uint64 } // [lo, hi)
+	// [lo, hi); an invalid hi is the end of the address space.
+	type span struct{ lo, hi netip.Addr }
+	after := func(p netip.Prefix) netip.Addr {
+		last := p.Masked().Addr().AsSlice()
+		for i := p.Bits(); i < len(last)*8; i++ {
+			last[i/8] |= 0x80 >> (i % 8)
+		}
+		a, _ := netip.AddrFromSlice(last)
+		return a.Next()
+	}
 	spans := make([]span, 0, len(pfxs))
 	for _, p := range pfxs {
-		a := p.Masked().Addr().As4()
-		lo := uint64(binary.BigEndian.Uint32(a[:]))
-		spans = append(spans, span{lo, lo + 1<<(32-p.Bits())})
+		spans = append(spans, span{p.Masked().Addr(), after(p)})
 	}
-	slices.SortFunc(spans, func(x, y span) int { return cmp.Compare(x.lo, y.lo) })
+	slices.SortFunc(spans, func(x, y span) int { return x.lo.Compare(y.lo) })
 	merged := spans[:0]
 	for _, sp := range spans {
-		if n := len(merged); n > 0 && sp.lo <= merged[n-1].hi {
-			merged[n-1].hi = max(merged[n-1].hi, sp.hi)
+		if n := len(merged); n > 0 && (!merged[n-1].hi.IsValid() || sp.lo.Compare(merged[n-1].hi) <= 0) {
+			if merged[n-1].hi.IsValid() && (!sp.hi.IsValid() || sp.hi.Compare(merged[n-1].hi) > 0) {
+				merged[n-1].hi = sp.hi
+			}
 			continue
 		}
 		merged = append(merged, sp)
 	}
-	key := func(v uint64) (k [4]byte) {
-		binary.BigEndian.PutUint32(k[:], uint32(v))
-		return k
-	}
 	var out []intervalElement
-	if len(merged) > 0 && merged[0].lo != 0 {
-		out = append(out, intervalElement{end: true})
+	if len(merged) > 0 && !merged[0].lo.IsUnspecified() {
+		first := netip.IPv4Unspecified()
+		if merged[0].lo.Is6() {
+			first = netip.IPv6Unspecified()
+		}
+		out = append(out, intervalElement{key: first, end: true})
 	}
 	for _, sp := range merged {
-		if sp.hi > math.MaxUint32 {
-			out = append(out, intervalElement{key: key(sp.lo), open: true})
+		if !sp.hi.IsValid() {
+			out = append(out, intervalElement{key: sp.lo, open: true})
 			continue
 		}
-		out = append(out, intervalElement{key: key(sp.lo)}, intervalElement{key: key(sp.hi), end: true})
+		out = append(out, intervalElement{key: sp.lo}, intervalElement{key: sp.hi, end: true})
 	}
 	return out
 }
@@ -950,7 +984,11 @@ func (a *netlinkApplier) list(_ context.Context, kind string) ([]string, error) 
 	if err != nil {
 		return nil, err
 	}
-	tables, err := c.ListTablesOfFamily(nftables.TableFamilyIPv4)
+	family := nftables.TableFamilyIPv4
+	if a.family == IPv6 {
+		family = nftables.TableFamilyIPv6
+	}
+	tables, err := c.ListTablesOfFamily(family)
 	if err != nil {
 		return nil, fmt.Errorf("list tables: %w", err)
 	}
@@ -966,7 +1004,7 @@ func (a *netlinkApplier) list(_ context.Context, kind string) ([]string, error) 
 	var names []string
 	switch kind {
 	case "chain":
-		chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+		chains, err := c.ListChainsOfTableFamily(family)
 		if err != nil {
 			return nil, fmt.Errorf("list chains: %w", err)
 		}

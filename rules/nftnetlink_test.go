@@ -40,7 +40,11 @@ func TestRuleExprsCoversEveryGoldenRule(t *testing.T) {
 				continue
 			}
 			rule, _ := splitComment(fields[5])
-			exprs, err := ruleExprs(rule)
+			family := IPv4
+			if fields[2] == "ip6" {
+				family = IPv6
+			}
+			exprs, err := ruleExprs(family, rule)
 			if assert.NoError(t, err, "%s: %s", path, sc.Text()) {
 				assert.NotEmpty(t, exprs)
 			}
@@ -64,7 +68,7 @@ func TestNetlinkEncodesEveryTransaction(t *testing.T) {
 	} {
 		w, err := newNFTablesWith(cfg, knftables.NewFake(knftables.IPv4Family, "kube-proxy"))
 		require.NoError(t, err)
-		a := newNetlinkApplier(w.cfg.Table)
+		a := newNetlinkApplier(IPv4, w.cfg.Table)
 		st := sampleState()
 		for step, mutate := range []func(){
 			func() {},
@@ -103,7 +107,7 @@ func TestRuleExprsRejectsUnknownForms(t *testing.T) {
 		"update @s { ip daddr }",
 		"ip daddr 10.0.0.1 drop comment \"x\"",
 	} {
-		_, err := ruleExprs(rule)
+		_, err := ruleExprs(IPv4, rule)
 		assert.ErrorIs(t, err, errUnsupportedRule, "%q", rule)
 	}
 }
@@ -143,7 +147,7 @@ func TestRuleExprsMatchesNFT(t *testing.T) {
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: le32(0xffffbfff), Xor: le32(0x4000)},
 			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1}}},
 	} {
-		got, err := ruleExprs(tc.rule)
+		got, err := ruleExprs(IPv4, tc.rule)
 		require.NoError(t, err, tc.rule)
 		assert.Equal(t, tc.want, got, tc.rule)
 	}
@@ -152,7 +156,7 @@ func TestRuleExprsMatchesNFT(t *testing.T) {
 // TestElementChunks: a container with thousands of elements is split into messages
 // whose element list fits an attribute's 16-bit length, all in one batch.
 func TestElementChunks(t *testing.T) {
-	a := newNetlinkApplier("t")
+	a := newNetlinkApplier(IPv4, "t")
 	tx := &nftTx{}
 	tx.add(&knftables.Map{Name: mapServiceIPs, Type: "ipv4_addr . inet_proto . inet_service : verdict"})
 	const n = 2500

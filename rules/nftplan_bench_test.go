@@ -66,7 +66,7 @@ func BenchmarkFullEncodeAt5k(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, _, err := newNetlinkApplier("bench").encode(tx); err != nil {
+		if _, _, err := newNetlinkApplier(IPv4, "bench").encode(tx); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -56,8 +56,9 @@ type KernelService struct {
 type chainReader func(ctx context.Context, chain string) (string, error)
 
 var (
-	reDNATOne = regexp.MustCompile(`dnat to (\d+\.\d+\.\d+\.\d+):(\d+)`)
-	reDNATMap = regexp.MustCompile(`(\d+) : (\d+\.\d+\.\d+\.\d+) \. (\d+)`)
+	// An IPv6 target prints in brackets: dnat to [fd00::1]:80.
+	reDNATOne = regexp.MustCompile(`dnat to \[?(\d+\.\d+\.\d+\.\d+|[0-9a-f:.]*:[0-9a-f:.]*)\]?:(\d+)`)
+	reDNATMap = regexp.MustCompile(`(\d+) : (\d+\.\d+\.\d+\.\d+|[0-9a-f:.]*:[0-9a-f:.]*) \. (\d+)`)
 	reGoto    = regexp.MustCompile(`(?:goto|jump) ((?:` + nftEndpointPrefix + `|` + nftServicePrefix + `|` + nftLocalPrefix + `)\S+)`)
 )
 
@@ -74,7 +75,7 @@ func (w *NFTables) readBack(ctx context.Context) ([]KernelService, error) {
 	for _, m := range []string{mapServiceIPs, mapNoEndpointServices} {
 		elems, err := w.nft.ListElements(ctx, "map", m)
 		if err != nil {
-			return nil, fmt.Errorf("read map %s of table ip %s: %w", m, w.cfg.Table, err)
+			return nil, fmt.Errorf("read map %s of table %s %s: %w", m, w.cfg.Family.nft(), w.cfg.Table, err)
 		}
 		for _, e := range elems {
 			ks := KernelService{Dest: strings.Join(e.Key, " . "), Verdict: strings.Join(e.Value, " "), Action: "dnat"}
@@ -107,7 +108,7 @@ func (w *NFTables) chainEndpoints(ctx context.Context, chain string, seen map[st
 	seen[chain] = true
 	text, err := w.readChain(ctx, chain)
 	if err != nil {
-		return nil, fmt.Errorf("read chain %s of table ip %s: %w", chain, w.cfg.Table, err)
+		return nil, fmt.Errorf("read chain %s of table %s %s: %w", chain, w.cfg.Family.nft(), w.cfg.Table, err)
 	}
 	var eps []Endpoint
 	add := func(ipS, portS string) {
@@ -145,7 +146,7 @@ func (w *NFTables) readChain(ctx context.Context, chain string) (string, error) 
 	if w.chainText != nil {
 		return w.chainText(ctx, chain)
 	}
-	return execRunner(ctx, "", "nft", "list", "chain", "ip", w.cfg.Table, chain)
+	return execRunner(ctx, "", "nft", "list", "chain", string(w.cfg.Family.nft()), w.cfg.Table, chain)
 }
 
 // Drift compares the kernel table with st and lists every difference: desired
@@ -154,7 +155,7 @@ func (w *NFTables) readChain(ctx context.Context, chain string) (string, error) 
 // reaches, and reject/drop where endpoints exist (or the reverse). An empty result
 // means the kernel does what st says.
 func (w *NFTables) Drift(ctx context.Context, st *State) ([]Drift, error) {
-	if err := st.Validate(); err != nil {
+	if err := st.ValidateFamily(w.cfg.Family); err != nil {
 		return nil, err
 	}
 	w.mu.Lock()
@@ -255,7 +256,7 @@ type TraceResult struct {
 // Trace follows a new connection through the current kernel table, as the
 // nat-prerouting and filter hooks would see it, and returns its fate.
 func (w *NFTables) Trace(ctx context.Context, p Packet) (*TraceResult, error) {
-	if !p.Dst.Is4() || p.Port < 1 || p.Port > 65535 {
+	if !w.cfg.Family.has(p.Dst) || p.Port < 1 || p.Port > 65535 {
 		return nil, fmt.Errorf("%w: trace of %v:%d", ErrInvalidState, p.Dst, p.Port)
 	}
 	w.mu.Lock()
@@ -274,7 +275,7 @@ func (w *NFTables) Trace(ctx context.Context, p Packet) (*TraceResult, error) {
 			chain := strings.TrimPrefix(strings.Join(e.Value, " "), "goto ")
 			text, err := w.readChain(ctx, chain)
 			if err != nil {
-				return nil, fmt.Errorf("read chain %s of table ip %s: %w", chain, w.cfg.Table, err)
+				return nil, fmt.Errorf("read chain %s of table %s %s: %w", chain, w.cfg.Family.nft(), w.cfg.Table, err)
 			}
 			if !nftFirewallAdmits(text, p.Src) {
 				return &TraceResult{Verdict: "DROP", Path: []string{chainFilterPreroutingPreDNAT, chainFirewallCheck,
@@ -356,7 +357,11 @@ func (w *NFTables) Trace(ctx context.Context, p Packet) (*TraceResult, error) {
 // reports whether src passes it.
 func nftFirewallAdmits(chainText string, src netip.Addr) bool {
 	for _, line := range strings.Split(chainText, "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "ip saddr != ")
+		line = strings.TrimSpace(line)
+		rest, ok := strings.CutPrefix(line, "ip saddr != ")
+		if !ok {
+			rest, ok = strings.CutPrefix(line, "ip6 saddr != ")
+		}
 		if !ok || !strings.HasSuffix(rest, " drop") {
 			continue
 		}
@@ -382,6 +387,6 @@ func sourceElementContains(el string, src netip.Addr) bool {
 		b, err2 := netip.ParseAddr(hi)
 		return err1 == nil && err2 == nil && a.Compare(src) <= 0 && src.Compare(b) <= 0
 	}
-	pfx, err := parsePrefix4(el)
+	pfx, err := parsePrefix(el, FamilyOf(src))
 	return err == nil && pfx.Contains(src)
 }

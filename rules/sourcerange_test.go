@@ -185,15 +185,15 @@ func TestSourceRangeValidation(t *testing.T) {
 // anonymous interval set, as nft 1.0.6 prints it with --debug=netlink
 // ("lookup reg 1 set __set%d 0x1"); one range is a plain match.
 func TestAnonymousSetTranslation(t *testing.T) {
-	got, err := ruleExprs("ip saddr != { 192.168.0.0/24 , 203.0.113.0/25 } drop")
+	got, err := ruleExprs(IPv4, "ip saddr != { 192.168.0.0/24 , 203.0.113.0/25 } drop")
 	require.NoError(t, err)
 	assert.Equal(t, []expr.Any{
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
 		&expr.Lookup{SourceRegister: 1, SetName: "__set%d", Invert: true},
 		&expr.Verdict{Kind: expr.VerdictDrop}}, got)
-	got, err = ruleExprs("ip saddr != { 203.0.113.0/25 } drop")
+	got, err = ruleExprs(IPv4, "ip saddr != { 203.0.113.0/25 } drop")
 	require.NoError(t, err)
-	want, err := ruleExprs("ip saddr != 203.0.113.0/25 drop")
+	want, err := ruleExprs(IPv4, "ip saddr != 203.0.113.0/25 drop")
 	require.NoError(t, err)
 	assert.Equal(t, want, got)
 	for _, bad := range []string{
@@ -202,14 +202,14 @@ func TestAnonymousSetTranslation(t *testing.T) {
 		"ip saddr != { } drop",
 		"ip daddr != { 10.0.0.0/8 , 11.0.0.0/8 } drop",
 	} {
-		_, err := ruleExprs(bad)
+		_, err := ruleExprs(IPv4, bad)
 		assert.ErrorIs(t, err, errUnsupportedRule, bad)
 	}
 
-	sets, err := anonSets("ip saddr != { 10.0.0.0/8 , 192.168.1.0/24 } drop")
+	sets, err := anonSets(IPv4, "ip saddr != { 10.0.0.0/8 , 192.168.1.0/24 } drop")
 	require.NoError(t, err)
 	assert.Equal(t, [][]netip.Prefix{{pfx("10.0.0.0/8"), pfx("192.168.1.0/24")}}, sets)
-	sets, err = anonSets("ip saddr != { 10.0.0.0/8 } drop")
+	sets, err = anonSets(IPv4, "ip saddr != { 10.0.0.0/8 } drop")
 	require.NoError(t, err)
 	assert.Empty(t, sets, "a one-element set is a plain match, no set")
 }
@@ -221,7 +221,7 @@ func TestIntervalElements(t *testing.T) {
 	str := func(els []intervalElement) string {
 		var parts []string
 		for _, e := range els {
-			s := netip.AddrFrom4(e.key).String()
+			s := e.key.String()
 			if e.end {
 				s += " end"
 			}

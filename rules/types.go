@@ -50,6 +50,45 @@ const (
 	Drop NoEndpointsAction = "drop"
 )
 
+// Family is the IP family a writer serves. Each writer writes one family, as each
+// of upstream kube-proxy's proxiers does; a dual-stack node runs one writer per
+// family (upstream's MetaProxier).
+type Family string
+
+// The two IP families, spelled as Kubernetes spells them (v1.IPFamily).
+const (
+	IPv4 Family = "IPv4"
+	IPv6 Family = "IPv6"
+)
+
+// FamilyOf is the family of an address (an IPv4-mapped IPv6 address is IPv6).
+func FamilyOf(a netip.Addr) Family {
+	if a.Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// has reports whether a is a valid address of the family.
+func (f Family) has(a netip.Addr) bool {
+	if f == IPv6 {
+		return a.Is6() && !a.Is4In6()
+	}
+	return a.Is4()
+}
+
+// check returns an error unless f is IPv4 or IPv6; empty is defaulted to IPv4.
+func (f *Family) check() error {
+	switch *f {
+	case "":
+		*f = IPv4
+	case IPv4, IPv6:
+	default:
+		return fmt.Errorf("%w: IP family %q is not %q or %q", ErrInvalidConfig, *f, IPv4, IPv6)
+	}
+	return nil
+}
+
 // DefaultAffinityTimeout is Kubernetes' default ClientIP session affinity timeout
 // (sessionAffinityConfig.clientIP.timeoutSeconds = 10800).
 const DefaultAffinityTimeout = 10800 * time.Second
@@ -135,9 +174,15 @@ func (s *Service) PortNameString() string {
 // dns1123Label is the syntax of namespace, service and port names.
 var dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
-// Validate checks one service port. It accepts IPv4 only: the writers are per
-// family and this package writes the IPv4 family.
-func (s *Service) Validate() error {
+// Validate checks one service port of the IPv4 family (ValidateFamily(IPv4)).
+func (s *Service) Validate() error { return s.ValidateFamily(IPv4) }
+
+// ValidateFamily checks one service port for a writer of family f: every address
+// and prefix must be of that family, as each writer serves one family.
+func (s *Service) ValidateFamily(f Family) error {
+	if err := f.check(); err != nil {
+		return err
+	}
 	name := s.PortNameString()
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("%w: service port %q: %s", ErrInvalidState, name, fmt.Sprintf(format, args...))
@@ -155,8 +200,8 @@ func (s *Service) Validate() error {
 	default:
 		return fail("protocol %q is not TCP, UDP or SCTP", s.Protocol)
 	}
-	if !s.ClusterIP.Is4() || s.ClusterIP.IsUnspecified() {
-		return fail("cluster IP %v is not a usable IPv4 address", s.ClusterIP)
+	if !f.has(s.ClusterIP) || s.ClusterIP.IsUnspecified() {
+		return fail("cluster IP %v is not a usable %s address", s.ClusterIP, f)
 	}
 	if s.Port < 1 || s.Port > 65535 {
 		return fail("port %d out of range", s.Port)
@@ -165,13 +210,13 @@ func (s *Service) Validate() error {
 		return fail("node port %d out of range", s.NodePort)
 	}
 	for _, ip := range slices.Concat(s.ExternalIPs, s.LoadBalancerIPs) {
-		if !ip.Is4() || ip.IsUnspecified() {
-			return fail("external or load-balancer IP %v is not a usable IPv4 address", ip)
+		if !f.has(ip) || ip.IsUnspecified() {
+			return fail("external or load-balancer IP %v is not a usable %s address", ip, f)
 		}
 	}
 	for _, p := range s.LoadBalancerSourceRanges {
-		if !p.IsValid() || !p.Addr().Is4() {
-			return fail("load-balancer source range %v is not an IPv4 prefix", p)
+		if !p.IsValid() || !f.has(p.Addr()) {
+			return fail("load-balancer source range %v is not an %s prefix", p, f)
 		}
 	}
 	for _, list := range []struct {
@@ -180,8 +225,8 @@ func (s *Service) Validate() error {
 	}{{"endpoint", s.Endpoints}, {"local endpoint", s.LocalEndpoints}} {
 		seen := make(map[Endpoint]bool, len(list.eps))
 		for _, ep := range list.eps {
-			if !ep.IP.Is4() || ep.IP.IsUnspecified() {
-				return fail("%s IP %v is not a usable IPv4 address", list.what, ep.IP)
+			if !f.has(ep.IP) || ep.IP.IsUnspecified() {
+				return fail("%s IP %v is not a usable %s address", list.what, ep.IP, f)
 			}
 			if ep.Port < 1 || ep.Port > 65535 {
 				return fail("%s %v: port out of range", list.what, ep)
@@ -209,10 +254,13 @@ func (s *Service) Validate() error {
 	return nil
 }
 
-// Validate checks every service port and that no two claim the same destination
-// (cluster IP, external IP or load-balancer IP with protocol and port, or node port
-// with protocol) or the same name.
-func (st *State) Validate() error {
+// Validate checks an IPv4 state (ValidateFamily(IPv4)).
+func (st *State) Validate() error { return st.ValidateFamily(IPv4) }
+
+// ValidateFamily checks every service port for a writer of family f and that no two
+// claim the same destination (cluster IP, external IP or load-balancer IP with
+// protocol and port, or node port with protocol) or the same name.
+func (st *State) ValidateFamily(f Family) error {
 	type dest struct {
 		ip    netip.Addr
 		proto Protocol
@@ -222,7 +270,7 @@ func (st *State) Validate() error {
 	names := map[string]bool{}
 	for i := range st.Services {
 		s := &st.Services[i]
-		if err := s.Validate(); err != nil {
+		if err := s.ValidateFamily(f); err != nil {
 			return err
 		}
 		key := s.PortNameString() + "/" + string(s.Protocol)

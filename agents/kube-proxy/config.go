@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	logsapi "k8s.io/component-base/logs/api/v1"
@@ -379,10 +380,17 @@ func validateHostPort(input string, path *field.Path) field.ErrorList {
 	return errs
 }
 
-// clusterCIDR4 returns the IPv4 entry of clusterCIDR (the family nodekit writes).
+// clusterCIDR4 returns the IPv4 entry of clusterCIDR.
 func clusterCIDR4(c *v1alpha1.KubeProxyConfiguration) netip.Prefix {
+	return clusterCIDRFor(c, v1.IPv4Protocol)
+}
+
+// clusterCIDRFor returns the entry of clusterCIDR (comma-separated, at most one
+// per family) of the given family, as each of upstream's per-family proxiers
+// takes its own.
+func clusterCIDRFor(c *v1alpha1.KubeProxyConfiguration, family v1.IPFamily) netip.Prefix {
 	for _, s := range strings.Split(c.ClusterCIDR, ",") {
-		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && p.Addr().Is4() {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && isFamily(p.Addr(), family) {
 			return p.Masked()
 		}
 	}

@@ -30,15 +30,21 @@ type converted struct {
 	localReady          []netip.Addr
 }
 
-// converter keeps the IPv4 rules of every service port and redoes only the ports
-// an Update names, so a sync converts what changed, not the whole map.
+// converter keeps one IP family's rules of every service port and redoes only the
+// ports an Update names, so a sync converts what changed, not the whole map. Each
+// family's writer has its own (upstream's per-family proxiers each see only their
+// family's part of a Service).
 type converter struct {
-	node  servicemap.Node
-	ports map[servicemap.ServicePortName]*converted
+	node   servicemap.Node
+	family v1.IPFamily
+	ports  map[servicemap.ServicePortName]*converted
 }
 
-func newConverter(node servicemap.Node) *converter {
-	return &converter{node: node, ports: map[servicemap.ServicePortName]*converted{}}
+// newConverter converts for the IPv4 family; newFamilyConverter for either.
+func newConverter(node servicemap.Node) *converter { return newFamilyConverter(node, v1.IPv4Protocol) }
+
+func newFamilyConverter(node servicemap.Node, family v1.IPFamily) *converter {
+	return &converter{node: node, family: family, ports: map[servicemap.ServicePortName]*converted{}}
 }
 
 // apply brings the converter up to date with upd. all redoes every port (after a
@@ -47,7 +53,7 @@ func (c *converter) apply(upd servicemap.Update, all bool) {
 	if all {
 		clear(c.ports)
 		upd.Snapshot.Range(func(sp *servicemap.ServicePort) bool {
-			if cv, ok := convertPort(sp, c.node); ok {
+			if cv, ok := convertPort(sp, c.node, c.family); ok {
 				c.ports[sp.Name] = cv
 			}
 			return true
@@ -60,7 +66,7 @@ func (c *converter) apply(upd servicemap.Update, all bool) {
 			delete(c.ports, name)
 			continue
 		}
-		if cv, ok := convertPort(sp, c.node); ok {
+		if cv, ok := convertPort(sp, c.node, c.family); ok {
 			c.ports[name] = cv
 		} else {
 			delete(c.ports, name)
@@ -185,15 +191,16 @@ func (c *converter) healthChecks() (map[types.NamespacedName]uint16, map[types.N
 	return ports, local
 }
 
-// convertPort turns one service port into IPv4 rules. ok is false when the
-// Service has no IPv4 cluster IP (the IPv4 proxier does not know it).
-func convertPort(sp *servicemap.ServicePort, node servicemap.Node) (cv *converted, ok bool) {
-	sp4, ok := sp.ForFamily(v1.IPv4Protocol)
+// convertPort turns one service port into the rules of one family. ok is false
+// when the Service has no cluster IP of that family (that family's proxier does
+// not know it).
+func convertPort(sp *servicemap.ServicePort, node servicemap.Node, family v1.IPFamily) (cv *converted, ok bool) {
+	spf, ok := sp.ForFamily(family)
 	if !ok {
 		return nil, false
 	}
-	ip, _ := sp4.ClusterIP(v1.IPv4Protocol)
-	sel := servicemap.Select(sp, v1.IPv4Protocol, node)
+	ip, _ := spf.ClusterIP(family)
+	sel := servicemap.Select(sp, family, node)
 	cv = &converted{svc: rules.Service{
 		Namespace:       sp.Name.Namespace,
 		Name:            sp.Name.Name,
@@ -202,11 +209,11 @@ func convertPort(sp *servicemap.ServicePort, node servicemap.Node) (cv *converte
 		ClusterIP:       ip,
 		Port:            int(sp.Port),
 		NodePort:        int(sp.NodePort),
-		ExternalIPs:     sp4.ExternalIPs,
-		LoadBalancerIPs: sp4.LoadBalancerVIPs,
-		// Already the IPv4 proxier's view: invalid entries dropped when the
-		// Service was read, a 0.0.0.0/0 among them meaning no restriction.
-		LoadBalancerSourceRanges: sp4.LoadBalancerSourceRanges,
+		ExternalIPs:     spf.ExternalIPs,
+		LoadBalancerIPs: spf.LoadBalancerVIPs,
+		// Already the family's proxier view: invalid entries dropped when the
+		// Service was read, a zero-length prefix among them meaning no restriction.
+		LoadBalancerSourceRanges: spf.LoadBalancerSourceRanges,
 	}}
 	if sp.SessionAffinity == v1.ServiceAffinityClientIP {
 		cv.svc.AffinityTimeout = time.Duration(sp.StickyMaxAgeSeconds) * time.Second
@@ -214,7 +221,7 @@ func convertPort(sp *servicemap.ServicePort, node servicemap.Node) (cv *converte
 	cv.healthCheckNodePort = uint16(sp.HealthCheckNodePort)
 	for i := range sp.Endpoints {
 		e := &sp.Endpoints[i]
-		if e.Addr.Is4() && e.IsReady() && node.Name != "" && e.NodeName() == node.Name {
+		if isFamily(e.Addr, family) && e.IsReady() && node.Name != "" && e.NodeName() == node.Name {
 			cv.localReady = append(cv.localReady, e.Addr)
 		}
 	}
@@ -226,28 +233,45 @@ func convertPort(sp *servicemap.ServicePort, node servicemap.Node) (cv *converte
 	// endpoints, this node's endpoints, and which traffic uses which.
 	cv.svc.InternalLocal = sp.InternalPolicyLocal
 	cv.svc.ExternalLocal = sp.ExternalPolicyLocal && external
-	cv.svc.Endpoints = ipv4Endpoints(sel.Cluster)
+	cv.svc.Endpoints = familyEndpoints(sel.Cluster, family)
 	if cv.svc.InternalLocal || cv.svc.ExternalLocal {
-		cv.svc.LocalEndpoints = ipv4Endpoints(sel.Local)
+		cv.svc.LocalEndpoints = familyEndpoints(sel.Local, family)
 	}
 	if sel.HasAnyEndpoints {
 		// Endpoints exist somewhere: traffic whose Local policy finds none here is
 		// dropped, not rejected (only reachable when a policy is Local).
 		cv.svc.NoEndpoints = rules.Drop
 	}
-	if err := cv.svc.Validate(); err != nil {
+	if err := cv.svc.ValidateFamily(rulesFamily(family)); err != nil {
 		cv.err = fmt.Errorf("%w: %w", errNotExpressible, err)
 	}
 	return cv, true
 }
 
-// ipv4Endpoints converts the IPv4 endpoints of a selection; nil when there are none.
-func ipv4Endpoints(eps []servicemap.Endpoint) []rules.Endpoint {
+// familyEndpoints converts the endpoints of one family of a selection; nil when
+// there are none.
+func familyEndpoints(eps []servicemap.Endpoint, family v1.IPFamily) []rules.Endpoint {
 	var out []rules.Endpoint
 	for _, e := range eps {
-		if e.Addr.Is4() {
+		if isFamily(e.Addr, family) {
 			out = append(out, rules.Endpoint{IP: e.Addr, Port: int(e.Port)})
 		}
 	}
 	return out
+}
+
+// isFamily reports whether a is an address of family.
+func isFamily(a netip.Addr, family v1.IPFamily) bool {
+	if family == v1.IPv6Protocol {
+		return a.Is6() && !a.Is4In6()
+	}
+	return a.Is4()
+}
+
+// rulesFamily is the rules package's name for a Kubernetes IP family.
+func rulesFamily(f v1.IPFamily) rules.Family {
+	if f == v1.IPv6Protocol {
+		return rules.IPv6
+	}
+	return rules.IPv4
 }

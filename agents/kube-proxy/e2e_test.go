@@ -88,8 +88,15 @@ type cluster struct {
 
 func newCluster(t *testing.T, cp *controlplane.ControlPlane, mode string, pods int) *cluster {
 	t.Helper()
+	return newClusterWith(t, cp, mode, netns.Config{Pods: pods})
+}
+
+// newClusterWith is newCluster with the netns node as configured: with IPv6 set,
+// the Node gets its IPv6 address too and the Pods report both families.
+func newClusterWith(t *testing.T, cp *controlplane.ControlPlane, mode string, cfg netns.Config) *cluster {
+	t.Helper()
 	c := &cluster{t: t, mode: mode, cp: cp, client: cp.AdminClient(), node: "node-" + mode, ns: "e2e-" + mode}
-	c.env = netns.New(t, netns.Config{Pods: pods})
+	c.env = netns.New(t, cfg)
 	ctx := context.Background()
 	cp.CreateNode(t, c.node)
 	// The node's InternalIP is its address on the client link: upstream's
@@ -100,6 +107,9 @@ func newCluster(t *testing.T, cp *controlplane.ControlPlane, mode string, pods i
 			return err
 		}
 		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: c.env.NodeIP.String()}}
+		if c.env.NodeIP6.IsValid() {
+			n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: c.env.NodeIP6.String()})
+		}
 		_, err = c.client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
 		return err
 	}))
@@ -149,8 +159,12 @@ func (c *cluster) runPodOn(name string, i int, app, node string) {
 	}, 30*time.Second, 200*time.Millisecond)
 	now := metav1.Now()
 	ip := c.env.Pods[i].IP.String()
+	podIPs := []corev1.PodIP{{IP: ip}}
+	if ip6 := c.env.Pods[i].IP6; ip6.IsValid() {
+		podIPs = append(podIPs, corev1.PodIP{IP: ip6.String()})
+	}
 	created.Status = corev1.PodStatus{
-		Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, StartTime: &now,
+		Phase: corev1.PodRunning, PodIP: ip, PodIPs: podIPs, StartTime: &now,
 		Conditions: []corev1.PodCondition{
 			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
 			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},

@@ -153,11 +153,12 @@ func runAgent(ctx context.Context, o *options) error {
 	nm.mu.Unlock()
 	node := nm.waitForIPs(ctx, logger, 30*time.Second)
 
-	syncer, conntrack, hcIPs, err := newSyncer(ctx, cfg, node, do)
+	families, hcIPs, err := newSyncers(ctx, cfg, node, do)
 	if err != nil {
 		return err
 	}
 	svcHealth := newServiceHealth(hcIPs, listenIn(do), func() bool { return health.health().Healthy })
+	svcHealth.dualStack = len(families) > 1
 
 	tracker := servicemap.NewTracker(servicemap.Config{Logger: logger, Metrics: trackerMetrics{}})
 	smNode := servicemap.Node{Name: nodeName}
@@ -165,7 +166,7 @@ func runAgent(ctx context.Context, o *options) error {
 		smNode.Labels = node.Labels
 	}
 	px := newProxier(proxierConfig{
-		Tracker: tracker, Syncer: syncer, Conntrack: conntrack, Do: do,
+		Tracker: tracker, Families: families, Do: do,
 		Clock: clock.RealClock{}, MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod,
 		Node: smNode, Health: health, ServiceHealth: svcHealth,
 	})
@@ -221,56 +222,141 @@ func newClient(o *options) (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(restCfg)
 }
 
-// newSyncer builds the rules writer for the mode inside the node's namespace.
-// It also returns the node addresses NodePorts (and so health check ports)
-// answer on; nil means every address.
-func newSyncer(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node, do func(func() error) error) (rules.Syncer, staleCleaner, []netip.Addr, error) {
+// newSyncers builds one rules writer per IP family the host supports, inside the
+// node's namespace, primary family first: upstream's platformCheckSupported and
+// createProxier, which make a dual-stack MetaProxier whenever both families are
+// usable. The primary family comes from a specific bindAddress, else the Node's
+// first address, else IPv4. A secondary family the kernel (or ip6tables) lacks
+// is skipped with upstream's log line; a missing primary family is an error. It
+// also returns the node addresses health check ports answer on; nil means every
+// address.
+func newSyncers(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node, do func(func() error) error) ([]familySyncer, []netip.Addr, error) {
 	logger := klog.FromContext(ctx)
-	bit, all := masquerade(cfg)
-	mark := uint32(1) << uint(bit)
-	cidr := clusterCIDR4(cfg)
+	primary := primaryFamily(cfg, node)
+	families := []v1.IPFamily{primary, otherFamily(primary)}
 	var (
-		syncer    rules.Syncer
-		conntrack *rules.ConntrackCleaner
-		addrs     []netip.Addr
+		out      []familySyncer
+		hcAddrs  []netip.Addr
+		hcAll    bool
+		failures = map[v1.IPFamily]error{}
 	)
-	// Upstream's nodeIP: a load-balancer source range holding it admits the
-	// load-balancer IPs themselves as sources.
-	var nodeIP netip.Addr
-	if ips := primaryIPs(cfg, node); len(ips) > 0 {
-		nodeIP = ips[0]
-	}
 	err := do(func() error {
-		conntrack = rules.NewConntrackCleaner(nil)
-		if cfg.Mode == modeIPTables {
-			w, err := rules.NewIPTables(ctx, rules.IPTablesConfig{
-				MasqueradeMark: mark, ClusterCIDR: cidr, MasqueradeAll: all, NodeIP: nodeIP, Metrics: rulesMetrics{},
-			})
-			syncer = w
-			return err
+		ipv6Kernel := kernelHasIPv6(logger)
+		for _, f := range families {
+			if f == v1.IPv6Protocol && !ipv6Kernel {
+				failures[f] = errors.New("no kernel support")
+				continue
+			}
+			w, addrs, err := newFamilySyncer(ctx, cfg, node, f)
+			if err != nil {
+				if cfg.Mode == modeIPTables {
+					logger.Info("No iptables support for family", "ipFamily", f, "error", err)
+				} else {
+					logger.Info("No nftables support for family", "ipFamily", f, "error", err)
+				}
+				failures[f] = err
+				continue
+			}
+			out = append(out, familySyncer{Family: f, Syncer: w, Conntrack: rules.NewConntrackCleaner(nil)})
+			if addrs == nil {
+				hcAll = true
+			}
+			hcAddrs = append(hcAddrs, addrs...)
 		}
-		var err error
-		addrs, err = nodePortAddresses(logger, cfg, node)
-		if err != nil {
-			return err
-		}
-		w, err := rules.NewNFTables(rules.NFTablesConfig{
-			MasqueradeMark: mark, ClusterCIDR: cidr, MasqueradeAll: all,
-			NodePortAddresses: addrs, NodeIP: nodeIP, Metrics: rulesMetrics{},
-		})
-		syncer = w
-		return err
+		return nil
 	})
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("%s rules: %w", cfg.Mode, err)
+		return nil, nil, err
 	}
-	return syncer, conntrack, addrs, nil
+	if err := failures[primary]; err != nil {
+		return nil, nil, fmt.Errorf("no support for primary IP family %q: %w", primary, err)
+	}
+	if len(out) == 2 {
+		logger.Info("kube-proxy running in dual-stack mode", "primary ipFamily", primary)
+	} else {
+		logger.Info("kube-proxy running in single-stack mode", "ipFamily", primary)
+	}
+	if hcAll {
+		hcAddrs = nil
+	}
+	return out, hcAddrs, nil
 }
 
-// nodePortAddresses resolves --nodeport-addresses to the node's IPv4 addresses
-// the nftables rules accept NodePorts on. It runs in the node's namespace.
+// newFamilySyncer builds one family's writer for the mode, with that family's
+// cluster CIDR, node IP and NodePort addresses. It runs in the node's namespace.
+func newFamilySyncer(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node, f v1.IPFamily) (rules.Syncer, []netip.Addr, error) {
+	bit, all := masquerade(cfg)
+	mark := uint32(1) << uint(bit)
+	cidr := clusterCIDRFor(cfg, f)
+	// Upstream's nodeIP: a load-balancer source range holding it admits the
+	// load-balancer IPs themselves as sources.
+	nodeIP := nodeIPFor(cfg, node, f)
+	metrics := rulesMetrics{family: string(f)}
+	if cfg.Mode == modeIPTables {
+		w, err := rules.NewIPTables(ctx, rules.IPTablesConfig{Family: rulesFamily(f),
+			MasqueradeMark: mark, ClusterCIDR: cidr, MasqueradeAll: all, NodeIP: nodeIP, Metrics: metrics,
+		})
+		return w, nil, err
+	}
+	addrs, err := nodePortAddresses(klog.FromContext(ctx), cfg, node, f)
+	if err != nil {
+		return nil, nil, err
+	}
+	w, err := rules.NewNFTables(rules.NFTablesConfig{Family: rulesFamily(f),
+		MasqueradeMark: mark, ClusterCIDR: cidr, MasqueradeAll: all,
+		NodePortAddresses: addrs, NodeIP: nodeIP, Metrics: metrics,
+	})
+	return w, addrs, err
+}
+
+// kernelHasIPv6 is upstream's check, for the calling thread's network namespace:
+// the kernel lists IPv6 interfaces and IPv6 is not disabled.
+func kernelHasIPv6(logger klog.Logger) bool {
+	if _, err := os.Stat("/proc/thread-self/net/if_inet6"); err != nil {
+		logger.Info("No kernel support for family", "ipFamily", v1.IPv6Protocol)
+		return false
+	}
+	if b, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/disable_ipv6"); err == nil && strings.TrimSpace(string(b)) == "1" {
+		logger.Info("Kernel support disabled for family", "ipFamily", v1.IPv6Protocol)
+		return false
+	}
+	return true
+}
+
+// primaryFamily is upstream's detectNodeIPs choice: a specific bindAddress's
+// family, else the family of the Node's first host IP, else IPv4.
+func primaryFamily(cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node) v1.IPFamily {
+	if a, err := netip.ParseAddr(cfg.BindAddress); err == nil && !a.IsUnspecified() {
+		return familyOf(a)
+	}
+	if node != nil {
+		if ips := hostIPs(node); len(ips) > 0 {
+			if a, err := netip.ParseAddr(ips[0]); err == nil {
+				return familyOf(a)
+			}
+		}
+	}
+	return v1.IPv4Protocol
+}
+
+func familyOf(a netip.Addr) v1.IPFamily {
+	if a.Unmap().Is4() {
+		return v1.IPv4Protocol
+	}
+	return v1.IPv6Protocol
+}
+
+func otherFamily(f v1.IPFamily) v1.IPFamily {
+	if f == v1.IPv4Protocol {
+		return v1.IPv6Protocol
+	}
+	return v1.IPv4Protocol
+}
+
+// nodePortAddresses resolves --nodeport-addresses to the node's addresses of one
+// family the nftables rules accept NodePorts on. It runs in the node's namespace.
 // Empty means every local address (the rules package's default, upstream's 'all').
-func nodePortAddresses(logger klog.Logger, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node) ([]netip.Addr, error) {
+func nodePortAddresses(logger klog.Logger, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node, family v1.IPFamily) ([]netip.Addr, error) {
 	var prefixes []netip.Prefix
 	var out []netip.Addr
 	for _, a := range cfg.NodePortAddresses {
@@ -280,18 +366,19 @@ func nodePortAddresses(logger klog.Logger, cfg *v1alpha1.KubeProxyConfiguration,
 		case nodePortAddressesLocalhost:
 			// Not supported in nftables mode by upstream without a feature gate.
 		case nodePortAddressesPrimary:
-			ips := primaryIPs(cfg, node)
-			if len(ips) == 0 {
-				logger.Info("Can't determine this node's primary IPv4 address; accepting NodePorts on every local address", "nodePortAddresses", cfg.NodePortAddresses)
+			ip := nodeIPFor(cfg, node, family)
+			if !ip.IsValid() {
+				logger.Info("Can't determine this node's primary address of the family; accepting NodePorts on every local address",
+					"ipFamily", family, "nodePortAddresses", cfg.NodePortAddresses)
 				return nil, nil
 			}
-			out = append(out, ips...)
+			out = append(out, ip)
 		default:
 			p, err := netip.ParsePrefix(a)
 			if err != nil {
 				return nil, fmt.Errorf("%w: nodePortAddresses %q: %w", errInvalidConfig, a, err)
 			}
-			if p.Addr().Is4() {
+			if isFamily(p.Addr(), family) {
 				prefixes = append(prefixes, p.Masked())
 			}
 		}
@@ -319,35 +406,42 @@ func nodePortAddresses(logger klog.Logger, cfg *v1alpha1.KubeProxyConfiguration,
 			}
 		}
 		if len(out) == 0 {
-			logger.Info("No local address matches nodePortAddresses; NodePorts are accepted nowhere", "nodePortAddresses", cfg.NodePortAddresses)
+			logger.Info("No local address matches nodePortAddresses; NodePorts are accepted nowhere", "ipFamily", family, "nodePortAddresses", cfg.NodePortAddresses)
 			// The rules package reads an empty list as "everywhere"; an address
 			// nothing uses keeps NodePorts closed.
-			out = append(out, netip.MustParseAddr("0.0.0.0"))
+			none := netip.IPv4Unspecified()
+			if family == v1.IPv6Protocol {
+				none = netip.IPv6Unspecified()
+			}
+			out = append(out, none)
 		}
 	}
+	// No entry of this family (a dual-stack node configured with IPv4 CIDRs only):
+	// every local address of the family, as upstream's NodePortAddresses.
 	return out, nil
 }
 
-// primaryIPs is upstream's node IP choice for the IPv4 family: a specific
-// bindAddress, else the Node's first InternalIP, else its first ExternalIP.
-func primaryIPs(cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node) []netip.Addr {
-	if a, err := netip.ParseAddr(cfg.BindAddress); err == nil && !a.IsUnspecified() && a.Is4() {
-		return []netip.Addr{a}
+// nodeIPFor is upstream's node IP of one family: a specific bindAddress of that
+// family, else the Node's host IP of that family (the first InternalIP, else
+// ExternalIP, of the family). Zero when there is none.
+func nodeIPFor(cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node, family v1.IPFamily) netip.Addr {
+	if a, err := netip.ParseAddr(cfg.BindAddress); err == nil && !a.IsUnspecified() && isFamily(a.Unmap(), family) {
+		return a.Unmap()
 	}
 	if node == nil {
-		return nil
+		return netip.Addr{}
 	}
 	for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
 		for _, a := range node.Status.Addresses {
 			if a.Type != t {
 				continue
 			}
-			if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Is4() {
-				return []netip.Addr{ip}
+			if ip, err := netip.ParseAddr(a.Address); err == nil && isFamily(ip.Unmap(), family) {
+				return ip.Unmap()
 			}
 		}
 	}
-	return nil
+	return netip.Addr{}
 }
 
 func metricsHandler(mode string) http.Handler {

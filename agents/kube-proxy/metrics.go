@@ -127,15 +127,17 @@ func (trackerMetrics) Consumed(_, _ int, _ time.Duration) {}
 
 // rulesMetrics adapts rules.Metrics: a refused transaction counts as upstream's
 // per-backend failure counter.
-type rulesMetrics struct{}
+type rulesMetrics struct {
+	family string // the ip_family label
+}
 
-func (rulesMetrics) SyncDone(backend string, _ bool, _ time.Duration, err error) {
+func (m rulesMetrics) SyncDone(backend string, _ bool, _ time.Duration, err error) {
 	if err == nil {
 		return
 	}
 	if backend == "iptables" {
-		iptablesRestoreFailuresTotal.WithLabelValues(ipFamily).Inc()
+		iptablesRestoreFailuresTotal.WithLabelValues(m.family).Inc()
 	} else {
-		nftablesSyncFailuresTotal.WithLabelValues(ipFamily).Inc()
+		nftablesSyncFailuresTotal.WithLabelValues(m.family).Inc()
 	}
 }

@@ -18,8 +18,20 @@ import (
 	"github.com/nodekit-dev/nodekit/servicemap"
 )
 
-// ipFamily is the only family nodekit writes today (the rules package is IPv4).
+// ipFamily is the ip_family label of a single-family proxier configured with
+// Syncer alone (IPv4, the default).
 const ipFamily = string(v1.IPv4Protocol)
+
+// familySyncer is one IP family's writer. Upstream runs one proxier per family
+// and joins them with a MetaProxier; here one sync loop drives every family's
+// writer from the one tracker, each through its own converter, so each family
+// sees exactly its part of every Service, as upstream's per-family trackers do.
+type familySyncer struct {
+	Family v1.IPFamily
+	Syncer rules.Syncer
+	// Conntrack cleans the family's stale UDP flows; nil skips it.
+	Conntrack staleCleaner
+}
 
 // staleCleaner is the part of rules.ConntrackCleaner the loop needs.
 type staleCleaner interface {
@@ -30,7 +42,10 @@ type staleCleaner interface {
 // MinSyncPeriod means every change syncs at once, as upstream).
 type proxierConfig struct {
 	Tracker *servicemap.Tracker
-	Syncer  rules.Syncer
+	// Families are the writers, primary family first. Empty means one IPv4
+	// writer: Syncer with Conntrack.
+	Families []familySyncer
+	Syncer   rules.Syncer
 	// Conntrack cleans stale UDP flows after each sync that touched a UDP port;
 	// nil skips it.
 	Conntrack staleCleaner
@@ -67,9 +82,21 @@ type proxier struct {
 	topologyChanged bool
 	needFullSync    bool
 	lastFullSync    time.Time
-	conv            *converter
-	skipped         map[servicemap.ServicePortName]string
-	triggerTimes    map[types.NamespacedName][]time.Time
+	families        []*familyState
+	// triggerTimes are per family: an EndpointSlice's address type says whose
+	// rules it changes, as each of upstream's proxiers sees its family's slices.
+	triggerTimes map[v1.IPFamily]map[types.NamespacedName][]time.Time
+}
+
+// familyState is one family's writer with what the loop keeps for it.
+type familyState struct {
+	familySyncer
+	label string // the ip_family metric label
+	conv  *converter
+	// needFull: this family's last sync failed, so its next one is full even
+	// when the other family's is not.
+	needFull bool
+	skipped  map[servicemap.ServicePortName]string
 }
 
 func newProxier(cfg proxierConfig) *proxier {
@@ -82,15 +109,21 @@ func newProxier(cfg proxierConfig) *proxier {
 	if cfg.Do == nil {
 		cfg.Do = func(fn func() error) error { return fn() }
 	}
-	return &proxier{
+	if len(cfg.Families) == 0 {
+		cfg.Families = []familySyncer{{Family: v1.IPv4Protocol, Syncer: cfg.Syncer, Conntrack: cfg.Conntrack}}
+	}
+	p := &proxier{
 		cfg:          cfg,
 		runCh:        make(chan struct{}, 1),
 		node:         cfg.Node,
 		needFullSync: true,
-		conv:         newConverter(cfg.Node),
-		skipped:      map[servicemap.ServicePortName]string{},
-		triggerTimes: map[types.NamespacedName][]time.Time{},
+		triggerTimes: map[v1.IPFamily]map[types.NamespacedName][]time.Time{},
 	}
+	for _, f := range cfg.Families {
+		p.families = append(p.families, &familyState{familySyncer: f, label: string(f.Family),
+			conv: newFamilyConverter(cfg.Node, f.Family), skipped: map[servicemap.ServicePortName]string{}})
+	}
+	return p
 }
 
 // The proxier is the watcher's handler: it forwards to the tracker, then queues
@@ -132,9 +165,20 @@ func (p *proxier) recordTrigger(es *discovery.EndpointSlice) {
 	if svc == "" {
 		return
 	}
-	p.mu.Lock()
+	family := v1.IPv4Protocol
+	switch es.AddressType {
+	case discovery.AddressTypeIPv4:
+	case discovery.AddressTypeIPv6:
+		family = v1.IPv6Protocol
+	default:
+		return // FQDN slices program nothing
+	}
 	nn := types.NamespacedName{Namespace: es.Namespace, Name: svc}
-	p.triggerTimes[nn] = append(p.triggerTimes[nn], t)
+	p.mu.Lock()
+	if p.triggerTimes[family] == nil {
+		p.triggerTimes[family] = map[types.NamespacedName][]time.Time{}
+	}
+	p.triggerTimes[family][nn] = append(p.triggerTimes[family][nn], t)
 	p.mu.Unlock()
 }
 
@@ -172,10 +216,12 @@ func (p *proxier) OnNodeChange(n *v1.Node) {
 
 // queue asks for a sync as soon as the rate limit allows.
 func (p *proxier) queue() {
-	if p.cfg.Health != nil {
-		p.cfg.Health.QueuedUpdate(v1.IPv4Protocol)
+	for _, f := range p.families {
+		if p.cfg.Health != nil {
+			p.cfg.Health.QueuedUpdate(f.Family)
+		}
+		syncProxyRulesLastQueuedTimestamp.WithLabelValues(f.label).SetToCurrentTime()
 	}
-	syncProxyRulesLastQueuedTimestamp.WithLabelValues(ipFamily).SetToCurrentTime()
 	select {
 	case p.runCh <- struct{}{}:
 	default:
@@ -188,10 +234,12 @@ func (p *proxier) queue() {
 // FullSyncPeriod. It returns nil when ctx ends.
 func (p *proxier) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	if p.cfg.Health != nil {
-		p.cfg.Health.Updated(v1.IPv4Protocol)
+	for _, f := range p.families {
+		if p.cfg.Health != nil {
+			p.cfg.Health.Updated(f.Family)
+		}
+		syncProxyRulesLastQueuedTimestamp.WithLabelValues(f.label).SetToCurrentTime()
 	}
-	syncProxyRulesLastQueuedTimestamp.WithLabelValues(ipFamily).SetToCurrentTime()
 	logger.V(2).Info("Sync params", "minSyncPeriod", p.cfg.MinSyncPeriod, "syncPeriod", p.cfg.SyncPeriod, "maxSyncPeriod", p.cfg.FullSyncPeriod)
 
 	next := p.cfg.Clock.NewTimer(p.cfg.FullSyncPeriod)
@@ -227,7 +275,17 @@ func (p *proxier) Run(ctx context.Context) error {
 
 var errSyncFailed = errors.New("sync failed")
 
-// syncOnce is one sync: consume the tracker's changes, convert them, write.
+// familySync is what one sync computed for one family under the lock.
+type familySync struct {
+	f                                *familyState
+	full                             bool
+	st                               *rules.State
+	noLocalInternal, noLocalExternal int
+}
+
+// syncOnce is one sync: consume the tracker's changes, convert them for every
+// family, write each family's rules. A family whose write fails gets a full sync
+// next; the others are unaffected.
 func (p *proxier) syncOnce(ctx context.Context) error {
 	if !p.initialized.Load() {
 		klog.FromContext(ctx).V(2).Info("Not syncing rules until Services and Endpoints have been received from master")
@@ -238,80 +296,118 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 	start := clk.Now()
 
 	p.mu.Lock()
-	full := p.needFullSync || start.Sub(p.lastFullSync) > p.cfg.FullSyncPeriod
+	fullAll := p.needFullSync || start.Sub(p.lastFullSync) > p.cfg.FullSyncPeriod
 	upd := p.cfg.Tracker.Consume()
-	if p.topologyChanged {
-		p.conv.node = p.node
-		p.topologyChanged = false
+	topology := p.topologyChanged
+	p.topologyChanged = false
+	syncs := make([]familySync, 0, len(p.families))
+	hcPorts := map[types.NamespacedName]uint16{}
+	hcLocal := map[types.NamespacedName]int{}
+	for _, f := range p.families {
+		if topology {
+			f.conv.node = p.node
+		}
+		fs := familySync{f: f, full: fullAll || f.needFull}
+		// A full sync reconverts every port too, so nothing the converter kept
+		// can outlive a failure or a topology change.
+		f.conv.apply(upd, fs.full)
+		var skips []skipped
+		fs.st, skips = f.conv.state()
+		fs.noLocalInternal, fs.noLocalExternal = f.conv.noLocal()
+		ports, local := f.conv.healthChecks()
+		// One health check server answers for every family: a Service's port
+		// with the larger family's local endpoint count (a dual-stack pod
+		// counts once in each).
+		for nn, port := range ports {
+			hcPorts[nn] = port
+			hcLocal[nn] = max(hcLocal[nn], local[nn])
+		}
+		p.reportSkips(logger, f, skips)
+		syncs = append(syncs, fs)
 	}
-	// A full sync reconverts every port too, so nothing the converter kept can
-	// outlive a failure or a topology change.
-	p.conv.apply(upd, full)
-	st, skips := p.conv.state()
-	noLocalInternal, noLocalExternal := p.conv.noLocal()
-	hcPorts, hcLocal := p.conv.healthChecks()
 	triggers := p.triggerTimes
-	p.triggerTimes = map[types.NamespacedName][]time.Time{}
-	p.reportSkips(logger, skips)
+	p.triggerTimes = map[v1.IPFamily]map[types.NamespacedName][]time.Time{}
 	p.mu.Unlock()
 
-	if full {
-		p.cfg.Syncer.ForceFullSync()
+	var errs []error
+	for i := range syncs {
+		fs := &syncs[i]
+		if err := p.syncFamily(ctx, logger, fs, upd, triggers[fs.f.Family]); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", fs.f.Family, err))
+		}
 	}
-	logger.V(2).Info("Syncing rules", "fullSync", full, "servicePorts", len(st.Services), "changed", len(upd.Changed))
-	err := p.cfg.Do(func() error { return p.cfg.Syncer.Sync(ctx, st) })
-	took := clk.Since(start)
-	syncProxyRulesLatency.WithLabelValues(ipFamily).Observe(took.Seconds())
-	if full {
-		syncFullProxyRulesLatency.WithLabelValues(ipFamily).Observe(took.Seconds())
-	} else {
-		syncPartialProxyRulesLatency.WithLabelValues(ipFamily).Observe(took.Seconds())
-	}
+	// A family that failed has needFull set (syncFamily): only it is full next.
 	p.mu.Lock()
-	if err != nil {
-		// The changes are consumed: only a full sync can be trusted next.
-		p.needFullSync = true
-		p.mu.Unlock()
-		return fmt.Errorf("%w: %w", errSyncFailed, err)
-	}
 	p.needFullSync = false
-	if full {
+	if fullAll {
 		p.lastFullSync = start
 	}
 	p.mu.Unlock()
-	logger.V(2).Info("SyncProxyRules complete", "elapsed", took, "fullSync", full)
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", errSyncFailed, errors.Join(errs...))
+	}
 
+	if p.cfg.ServiceHealth != nil {
+		p.cfg.ServiceHealth.sync(logger, hcPorts, hcLocal)
+	}
+	return nil
+}
+
+// syncFamily writes one family's state and does what follows a successful write:
+// metrics, health, conntrack cleanup.
+func (p *proxier) syncFamily(ctx context.Context, logger klog.Logger, fs *familySync, upd servicemap.Update,
+	triggers map[types.NamespacedName][]time.Time) error {
+	f := fs.f
+	clk := p.cfg.Clock
+	start := clk.Now()
+	if fs.full {
+		f.Syncer.ForceFullSync()
+	}
+	logger.V(2).Info("Syncing rules", "ipFamily", f.Family, "fullSync", fs.full, "servicePorts", len(fs.st.Services), "changed", len(upd.Changed))
+	err := p.cfg.Do(func() error { return f.Syncer.Sync(ctx, fs.st) })
+	took := clk.Since(start)
+	syncProxyRulesLatency.WithLabelValues(f.label).Observe(took.Seconds())
+	if fs.full {
+		syncFullProxyRulesLatency.WithLabelValues(f.label).Observe(took.Seconds())
+	} else {
+		syncPartialProxyRulesLatency.WithLabelValues(f.label).Observe(took.Seconds())
+	}
+	p.mu.Lock()
+	// The changes are consumed: after a failure only a full sync can be trusted.
+	f.needFull = err != nil
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	logger.V(2).Info("SyncProxyRules complete", "ipFamily", f.Family, "elapsed", took, "fullSync", fs.full)
 	now := clk.Now()
 	for nn, ts := range triggers {
 		for _, t := range ts {
 			latency := now.Sub(t).Seconds()
-			networkProgrammingLatency.WithLabelValues(ipFamily).Observe(latency)
-			logger.V(4).Info("Network programming", "endpoint", klog.KRef(nn.Namespace, nn.Name), "elapsed", latency)
+			networkProgrammingLatency.WithLabelValues(f.label).Observe(latency)
+			logger.V(4).Info("Network programming", "ipFamily", f.Family, "endpoint", klog.KRef(nn.Namespace, nn.Name), "elapsed", latency)
 		}
 	}
-	noLocalEndpointsTotal.WithLabelValues("internal", ipFamily).Set(float64(noLocalInternal))
-	noLocalEndpointsTotal.WithLabelValues("external", ipFamily).Set(float64(noLocalExternal))
+	noLocalEndpointsTotal.WithLabelValues("internal", f.label).Set(float64(fs.noLocalInternal))
+	noLocalEndpointsTotal.WithLabelValues("external", f.label).Set(float64(fs.noLocalExternal))
 	if p.cfg.Health != nil {
-		p.cfg.Health.Updated(v1.IPv4Protocol)
+		p.cfg.Health.Updated(f.Family)
 	}
-	syncProxyRulesLastTimestamp.WithLabelValues(ipFamily).SetToCurrentTime()
-	if p.cfg.ServiceHealth != nil {
-		p.cfg.ServiceHealth.sync(logger, hcPorts, hcLocal)
-	}
+	syncProxyRulesLastTimestamp.WithLabelValues(f.label).SetToCurrentTime()
 
-	if p.cfg.Conntrack != nil && (full || touchesUDP(upd)) {
+	if f.Conntrack != nil && (fs.full || touchesUDP(upd)) {
 		var n int
 		cerr := p.cfg.Do(func() error {
 			var err error
-			n, err = p.cfg.Conntrack.CleanStaleUDP(ctx, st)
+			n, err = f.Conntrack.CleanStaleUDP(ctx, fs.st)
 			return err
 		})
 		if cerr != nil {
-			logger.Error(cerr, "Failed to clean stale UDP conntrack entries")
+			logger.Error(cerr, "Failed to clean stale UDP conntrack entries", "ipFamily", f.Family)
 		}
 		if n > 0 {
-			conntrackDeletedTotal.WithLabelValues(ipFamily).Add(float64(n))
-			logger.V(2).Info("Deleted stale UDP conntrack entries", "count", n)
+			conntrackDeletedTotal.WithLabelValues(f.label).Add(float64(n))
+			logger.V(2).Info("Deleted stale UDP conntrack entries", "ipFamily", f.Family, "count", n)
 		}
 	}
 	return nil
@@ -328,22 +424,22 @@ func touchesUDP(upd servicemap.Update) bool {
 
 // reportSkips logs each skipped port once (again only if its reason changes) and
 // keeps the metrics. Called with p.mu held.
-func (p *proxier) reportSkips(logger klog.Logger, skips []skipped) {
+func (p *proxier) reportSkips(logger klog.Logger, f *familyState, skips []skipped) {
 	now := make(map[servicemap.ServicePortName]string, len(skips))
 	for _, s := range skips {
 		reason := s.err.Error()
 		now[s.name] = reason
-		if p.skipped[s.name] != reason {
+		if f.skipped[s.name] != reason {
 			logger.Error(s.err, "Skipping service port the rules cannot express; other services are unaffected",
-				"service", klog.KRef(s.name.Namespace, s.name.Name), "port", s.name.Port, "protocol", s.name.Protocol)
-			skippedServicePortsTotal.WithLabelValues(ipFamily).Inc()
+				"service", klog.KRef(s.name.Namespace, s.name.Name), "port", s.name.Port, "protocol", s.name.Protocol, "ipFamily", f.Family)
+			skippedServicePortsTotal.WithLabelValues(f.label).Inc()
 		}
 	}
-	for n := range p.skipped {
+	for n := range f.skipped {
 		if _, still := now[n]; !still {
-			logger.Info("Service port is written again", "service", klog.KRef(n.Namespace, n.Name), "port", n.Port)
+			logger.Info("Service port is written again", "service", klog.KRef(n.Namespace, n.Name), "port", n.Port, "ipFamily", f.Family)
 		}
 	}
-	p.skipped = now
-	skippedServicePorts.WithLabelValues(ipFamily).Set(float64(len(now)))
+	f.skipped = now
+	skippedServicePorts.WithLabelValues(f.label).Set(float64(len(now)))
 }

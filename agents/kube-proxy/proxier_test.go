@@ -351,8 +351,11 @@ func TestLoopNetworkProgrammingLatency(t *testing.T) {
 	e.updateSlice(es)
 	e.clock.Step(time.Second)
 	require.NoError(t, e.waitSync())
-	after, _ := testutil.GetHistogramMetricCount(networkProgrammingLatency.WithLabelValues(ipFamily))
-	assert.Equal(t, before+1, after)
+	// Observed just after the write returns: wait for it rather than race it.
+	assert.Eventually(t, func() bool {
+		after, _ := testutil.GetHistogramMetricCount(networkProgrammingLatency.WithLabelValues(ipFamily))
+		return after == before+1
+	}, 5*time.Second, 10*time.Millisecond)
 }
 
 func TestLoopTopologyChangeReconvertsWithFullSync(t *testing.T) {

@@ -21,8 +21,10 @@ import (
 // node has a ready local endpoint. 200 when it has one and the proxy is healthy,
 // 503 otherwise, with upstream's JSON body and X-Load-Balancing-Endpoint-Weight.
 type serviceHealth struct {
-	// nodeIPs are the addresses to listen on; empty means 0.0.0.0.
-	nodeIPs []netip.Addr
+	// nodeIPs are the addresses to listen on; empty means 0.0.0.0, or [::] (both
+	// families) when dualStack.
+	nodeIPs   []netip.Addr
+	dualStack bool
 	// listen opens a listener where the node's network lives.
 	listen  func(addr string) (net.Listener, error)
 	healthy func() bool
@@ -77,6 +79,9 @@ func (s *serviceHealth) open(logger klog.Logger, nn types.NamespacedName, port u
 	ips := s.nodeIPs
 	if len(ips) == 0 {
 		ips = []netip.Addr{netip.IPv4Unspecified()}
+		if s.dualStack {
+			ips = []netip.Addr{netip.IPv6Unspecified()}
+		}
 	}
 	inst := &hcInstance{port: port}
 	for _, ip := range ips {
@@ -146,7 +151,8 @@ func listenIn(do func(func() error) error) func(string) (net.Listener, error) {
 		var ln net.Listener
 		err := do(func() error {
 			var err error
-			ln, err = (&net.ListenConfig{}).Listen(context.Background(), "tcp4", addr)
+			// "tcp": an IPv4 address binds IPv4, [::] both families.
+			ln, err = (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
 			return err
 		})
 		return ln, err

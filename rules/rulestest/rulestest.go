@@ -13,6 +13,10 @@ import (
 
 // Fake records syncs instead of writing rules. The zero value is ready to use.
 type Fake struct {
+	// Family is the IP family whose states Sync accepts, as a real writer of
+	// that family does. Empty means IPv4.
+	Family rules.Family
+
 	mu sync.Mutex
 	// Synced holds a copy of every state a successful Sync received, in order.
 	Synced []*rules.State
@@ -43,7 +47,11 @@ func (f *Fake) Sync(ctx context.Context, st *rules.State) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := st.Validate(); err != nil {
+	family := f.Family
+	if family == "" {
+		family = rules.IPv4
+	}
+	if err := st.ValidateFamily(family); err != nil {
 		return err
 	}
 	f.mu.Lock()
@@ -66,7 +74,7 @@ func (f *Fake) Sync(ctx context.Context, st *rules.State) error {
 
 // DryRun returns the nftables payload of a full sync of st.
 func (f *Fake) DryRun(_ context.Context, st *rules.State) (string, error) {
-	return rules.RenderNFTables(rules.NFTablesConfig{}, st)
+	return rules.RenderNFTables(rules.NFTablesConfig{Family: f.Family}, st)
 }
 
 // ForceFullSync makes the next successful Sync count as full.

@@ -61,6 +61,10 @@ type Options struct {
 	// the node's network namespace, so node addresses stay what the kubelet reports and
 	// need no route from the host.
 	ClusterEgress func(ctx context.Context, address string) (net.Conn, error)
+	// ServiceCIDR6, when set, is a second, IPv6 --service-cluster-ip-range
+	// (a prefix of /108 or longer), so Services may be IPv6 or dual-stack
+	// (ipFamilyPolicy RequireDualStack). Empty keeps the API server IPv4-only.
+	ServiceCIDR6 string
 }
 
 // KubeletClientUser is the user kube-apiserver authenticates as when it calls a
@@ -288,7 +292,7 @@ func (cp *ControlPlane) apiserverArgs() []string {
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction",
 		"--endpoint-reconciler-type=none",
-		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--service-cluster-ip-range=" + cp.serviceCIDRs(),
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file=" + cp.path("sa.key"),
 		"--service-account-signing-key-file=" + cp.path("sa.key"),
@@ -412,6 +416,14 @@ func (cp *ControlPlane) clusterSigningDuration() time.Duration {
 		return cp.opts.ClusterSigningDuration
 	}
 	return 365 * 24 * time.Hour
+}
+
+// serviceCIDRs is --service-cluster-ip-range: ServiceCIDR, then ServiceCIDR6 when set.
+func (cp *ControlPlane) serviceCIDRs() string {
+	if cp.opts.ServiceCIDR6 != "" {
+		return ServiceCIDR + "," + cp.opts.ServiceCIDR6
+	}
+	return ServiceCIDR
 }
 
 func (cp *ControlPlane) controllers() string {

@@ -38,6 +38,10 @@ type Config struct {
 	// HTTPPort and UDPPort are the pods' server ports. Zero means 8080 and 9090.
 	HTTPPort int
 	UDPPort  int
+	// IPv6 makes the environment dual-stack: every link also gets an IPv6
+	// address (see IPv6PodCIDR and friends), the node forwards IPv6, and the pods'
+	// servers answer on both families. False keeps it IPv4-only.
+	IPv6 bool
 }
 
 func (c *Config) setDefaults() error {
@@ -94,6 +98,10 @@ type Env struct {
 	ServiceCIDR netip.Prefix
 	// StartupTime is how long New took.
 	StartupTime time.Duration
+	// The IPv6 counterparts of the addresses above, set when Config.IPv6 is
+	// (zero otherwise).
+	NodeIP6, ClientIP6, GatewayIP6 netip.Addr
+	PodCIDR6, ServiceCIDR6         netip.Prefix
 
 	cfg        Config
 	namespaces []*Namespace
@@ -157,6 +165,11 @@ func (e *Env) build() error {
 	if err := e.connect(e.Client, ExternalLink, e.NodeIP, e.ClientIP, 24, 0); err != nil {
 		return err
 	}
+	if e.cfg.IPv6 {
+		if err := e.setupIPv6(); err != nil {
+			return err
+		}
+	}
 	br, err := e.Node.nl.LinkByName(BridgeName)
 	if err != nil {
 		return fmt.Errorf("find bridge %s: %w", BridgeName, err)
@@ -171,7 +184,12 @@ func (e *Env) build() error {
 		if err := e.connect(ns, fmt.Sprintf("veth-pod-%d", i), e.GatewayIP, ip, 24, br.Attrs().Index); err != nil {
 			return err
 		}
-		pod := &Pod{Namespace: ns, IP: ip, HTTPPort: e.cfg.HTTPPort, UDPPort: e.cfg.UDPPort}
+		pod := &Pod{Namespace: ns, IP: ip, HTTPPort: e.cfg.HTTPPort, UDPPort: e.cfg.UDPPort, dual: e.cfg.IPv6}
+		if e.cfg.IPv6 {
+			if err := e.addPodIPv6(pod, i); err != nil {
+				return err
+			}
+		}
 		e.Pods = append(e.Pods, pod)
 		if err := pod.startServers(); err != nil {
 			return err

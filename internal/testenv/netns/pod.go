@@ -24,9 +24,13 @@ type Pod struct {
 	*Namespace
 	// IP is the pod's address on the bridge.
 	IP netip.Addr
+	// IP6 is the pod's IPv6 address (Config.IPv6), else zero.
+	IP6 netip.Addr
 	// HTTPPort serves the pod's name; UDPPort answers "<name> <payload>".
 	HTTPPort int
 	UDPPort  int
+	// dual: the servers listen on both families.
+	dual bool
 
 	httpRequests atomic.Int64
 	udpPackets   atomic.Int64
@@ -53,11 +57,15 @@ func (p *Pod) startServers() error {
 	var ln net.Listener
 	err := p.Do(func() error {
 		var err error
-		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", p.HTTPPort))
+		tcp, udp := "tcp4", "udp4"
+		if p.dual {
+			tcp, udp = "tcp", "udp" // [::] without IPV6_V6ONLY: both families
+		}
+		ln, err = net.Listen(tcp, fmt.Sprintf(":%d", p.HTTPPort))
 		if err != nil {
 			return err
 		}
-		p.udp, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", p.UDPPort))
+		p.udp, err = net.ListenPacket(udp, fmt.Sprintf(":%d", p.UDPPort))
 		if err != nil {
 			ln.Close()
 		}
@@ -150,7 +158,7 @@ func EchoUDP(ctx context.Context, ns *Namespace, addr, payload string, timeout t
 	if timeout == 0 {
 		timeout = 2 * time.Second
 	}
-	conn, err := ns.Dial(ctx, "udp4", addr)
+	conn, err := ns.Dial(ctx, "udp", addr)
 	if err != nil {
 		return "", err
 	}
