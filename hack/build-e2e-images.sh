@@ -7,7 +7,7 @@
 #   registry.k8s.io/e2e-test-images/agnhost:2.66.1   upstream's agnhost (hack/build-e2e.sh builds
 #                                                    it from k8s.io/kubernetes/test/images/agnhost,
 #                                                    static) on the project's busybox, as /agnhost,
-#                                                    with the dig/getent and curl stand-ins
+#                                                    with the dig/getent, curl and nc stand-ins
 #   registry.k8s.io/e2e-test-images/agnhost:2.55     STAND-IN: the same 2.66.1 binary, its own digest
 #   registry.k8s.io/e2e-test-images/busybox:1.37.0-2 the project's busybox (hack/setup-containerd.sh)
 #   registry.k8s.io/e2e-test-images/nginx:1.27.0-2   STAND-IN: busybox httpd serving
@@ -21,6 +21,9 @@
 # busybox lacks: upstream/e2e/cmd/dig is a small stand-in for both (static Go), put in
 # /usr/bin of those images. Many specs (lifecycle hooks, Services) exec `curl` in agnhost:
 # upstream/e2e/cmd/curl is a static Go stand-in taking the options they pass, in /usr/bin.
+# The Service reachability checks run netcat-openbsd's `nc -v -t -w 2 HOST PORT`, which
+# busybox's nc refuses: upstream/e2e/cmd/nc stands in for it, in /usr/bin (busybox's nc
+# applet link there is replaced).
 # docs/conformance.md says how each stand-in differs from the image it replaces.
 #
 # Prints the image folder on stdout; it holds images.tsv ("<role>\t<image name>\t<tar file>" per
@@ -50,7 +53,7 @@ fi
 k8s_src=$(cd "$root/upstream/e2e" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 
 # The key covers everything that decides the images' bytes.
-key=$( (cat "$0" "$root"/upstream/e2e/cmd/dig/main.go "$root"/upstream/e2e/cmd/curl/main.go "$root"/upstream/e2e/go.sum; go version
+key=$( (cat "$0" "$root"/upstream/e2e/cmd/dig/main.go "$root"/upstream/e2e/cmd/curl/main.go "$root"/upstream/e2e/cmd/nc/main.go "$root"/upstream/e2e/go.sum; go version
   sha256sum "$agnhost" "$busybox_tar" "$pause_tar" "$k8s_src"/test/images/agnhost/porter/localhost.*) |
   sha256sum | cut -c1-16)
 base=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/e2e-images
@@ -118,6 +121,8 @@ log "building the dig/getent stand-in (upstream/e2e/cmd/dig)"
 (cd "$root/upstream/e2e" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/dig" ./cmd/dig)
 log "building the curl stand-in (upstream/e2e/cmd/curl)"
 (cd "$root/upstream/e2e" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/curl" ./cmd/curl)
+log "building the netcat stand-in (upstream/e2e/cmd/nc)"
+(cd "$root/upstream/e2e" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/nc" ./cmd/nc)
 # add_dns_tools ROOTFS: dig and getent (one binary, picked by name) in /usr/bin.
 add_dns_tools() {
   mkdir -p "$1/usr/bin"
@@ -144,6 +149,8 @@ for tag in 2.66.1 2.55; do
   cp "$agnhost" "$r/agnhost"
   add_dns_tools "$r"
   cp "$work/curl" "$r/usr/bin/curl"
+  rm -f "$r/usr/bin/nc" "$r/bin/nc"
+  cp "$work/nc" "$r/usr/bin/nc"
   ln -s agnhost "$r/agnhost-2"
   mkdir -p "$r/uploads"
   cp "$k8s_src"/test/images/agnhost/porter/localhost.crt "$k8s_src"/test/images/agnhost/porter/localhost.key "$r/"
