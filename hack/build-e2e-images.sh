@@ -53,7 +53,11 @@ fi
 k8s_src=$(cd "$root/upstream/e2e" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 
 # The key covers everything that decides the images' bytes.
-key=$( (cat "$0" "$root"/upstream/e2e/cmd/dig/main.go "$root"/upstream/e2e/cmd/curl/main.go "$root"/upstream/e2e/cmd/nc/main.go "$root"/upstream/e2e/go.sum; go version
+# The agnhost images' shell is Debian's dynamically linked busybox with glibc (see
+# add_plain_shell below); their package hashes are part of the key.
+deb_sha() { apt-cache show --no-all-versions "$1" 2>/dev/null | awk '/^SHA256:/ {print $2; exit}'; }
+shell_debs="$(deb_sha busybox) $(deb_sha libc6)"
+key=$( (echo "$shell_debs"; cat "$0" "$root"/upstream/e2e/cmd/dig/main.go "$root"/upstream/e2e/cmd/curl/main.go "$root"/upstream/e2e/cmd/nc/main.go "$root"/upstream/e2e/go.sum; go version
   sha256sum "$agnhost" "$busybox_tar" "$pause_tar" "$k8s_src"/test/images/agnhost/porter/localhost.*) |
   sha256sum | cut -c1-16)
 base=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/e2e-images
@@ -123,6 +127,25 @@ log "building the curl stand-in (upstream/e2e/cmd/curl)"
 (cd "$root/upstream/e2e" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/curl" ./cmd/curl)
 log "building the netcat stand-in (upstream/e2e/cmd/nc)"
 (cd "$root/upstream/e2e" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/nc" ./cmd/nc)
+# Debian's busybox-static is built with a "standalone shell": its sh runs its own applet for
+# any command with an applet's name, whatever PATH says, so the nc stand-in (and any other
+# tool of the real image that shares an applet's name) would never run. The agnhost images
+# get Debian's dynamically linked busybox instead (the same 1.35 applets, a plain PATH
+# lookup) with the glibc it needs (libc, libresolv, the loader), from the two packages.
+log "fetching Debian's busybox and libc6 for the agnhost images' shell"
+mkdir -p "$work/debs" "$work/shell"
+(cd "$work/debs" && apt-get download -q -o APT::Sandbox::User=root busybox libc6 >&2)
+for deb in "$work"/debs/*.deb; do dpkg-deb -x "$deb" "$work/shell"; done
+# add_plain_shell ROOTFS: busybox's every applet link now runs the dynamic build.
+add_plain_shell() {
+  # cp writes into /bin/busybox's inode, which every applet link of the layer shares.
+  cp "$work/shell/bin/busybox" "$1/bin/busybox"
+  mkdir -p "$1/lib/x86_64-linux-gnu" "$1/lib64"
+  for lib in libc.so.6 libresolv.so.2 ld-linux-x86-64.so.2; do
+    cp -L "$work/shell/lib/x86_64-linux-gnu/$lib" "$1/lib/x86_64-linux-gnu/$lib"
+  done
+  ln -sf ../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$1/lib64/ld-linux-x86-64.so.2"
+}
 # add_dns_tools ROOTFS: dig and getent (one binary, picked by name) in /usr/bin.
 add_dns_tools() {
   mkdir -p "$1/usr/bin"
@@ -147,6 +170,7 @@ for tag in 2.66.1 2.55; do
   r=$work/agnhost-$tag
   unpack_busybox "$r"
   cp "$agnhost" "$r/agnhost"
+  add_plain_shell "$r"
   add_dns_tools "$r"
   cp "$work/curl" "$r/usr/bin/curl"
   rm -f "$r/usr/bin/nc" "$r/bin/nc"

@@ -5,7 +5,9 @@
 #   3. builds the local container images (pause, busybox, CoreDNS) or reuses the cache;
 #   4. lints both modules (gofmt, go vet, staticcheck, go mod tidy -diff);
 #   5. runs every test with -race: the harness self-tests first, verbosely, so the log shows
-#      their start-up times, then everything else.
+#      their start-up times, then everything else;
+#   6. runs upstream's conformance smoke subset on a two-node `nodekit up` cluster
+#      (hack/conformance.sh --smoke; e2e.test and its images are built once and cached).
 # Run casually (not root, peers missing), tests that need real components skip; with CI=true
 # (as .ci/run sets) a missing prerequisite fails the run.
 set -euo pipefail
@@ -60,6 +62,18 @@ for mod in upstream $(find upstream -mindepth 2 -name go.mod -printf '%h\n' | so
   phase "tests ($mod)"
   (cd "$mod" && go test -count=1 ./...)
 done
+
+# Upstream's own conformance tests, the CI subset (hack/conformance/smoke.txt), on a
+# two-node `nodekit up` cluster: builds e2e.test and its images once (cached by version).
+phase "conformance smoke"
+if [ "$(id -u)" -eq 0 ]; then
+  "$root/hack/conformance.sh" --smoke --no-doc
+elif [ "${CI:-}" = true ]; then
+  echo "conformance smoke needs root (network namespaces, containerd)" >&2
+  exit 1
+else
+  echo "not root: skipping the conformance smoke subset"
+fi
 
 phase "done"
 echo "total: $(( $(date +%s) - run_start ))s"
