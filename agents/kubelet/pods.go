@@ -287,7 +287,7 @@ func (m *podManager) watchAPI(ctx context.Context) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", m.cfg.nodeName).String()
 		}))
 	inf := factory.Core().V1().Pods().Informer()
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { m.apiPod(obj) },
 		UpdateFunc: func(_, obj any) { m.apiPod(obj) },
 		DeleteFunc: func(obj any) {
@@ -299,9 +299,16 @@ func (m *podManager) watchAPI(ctx context.Context) {
 			}
 		},
 	})
+	if err != nil {
+		klog.ErrorS(err, "Failed to watch the pods bound to this node")
+		return
+	}
 	m.status.setLister(inf.GetStore())
 	factory.Start(ctx.Done())
-	if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+	// The handler's own sync, not the informer's: only once every listed pod has gone
+	// through apiPod does the kubelet know all its pods, as upstream's sourcesReady
+	// waits for the merged pod set. Until then nothing is treated as an orphan.
+	if cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
 		m.mu.Lock()
 		m.apiSynced = true
 		m.mu.Unlock()
@@ -646,16 +653,18 @@ func (m *podManager) terminate(ctx context.Context, e *podEntry, pod *corev1.Pod
 	if err := m.syncer.RemovePod(ctx, pod.UID); err != nil {
 		return false, err
 	}
-	if err := m.cgroups.removePod(pod.UID); err != nil {
-		// The relist's sweep of orphan pod cgroups tries again.
-		klog.ErrorS(err, "Failed to remove the pod cgroup", "pod", klog.KObj(pod))
-	}
 	if err := m.volumes.Teardown(ctx, pod.UID); err != nil {
 		// Never remove the pod's folder while a volume may still be mounted in it: a
 		// tmpfs or a subPath bind of a hostPath would take the host's files with it.
 		// The next sync of this pod tries again.
 		klog.ErrorS(err, "Volume teardown failed", "pod", klog.KObj(pod))
 		return false, fmt.Errorf("tear down volumes of pod %s: %w", podDesc(pod), err)
+	}
+	// The pod cgroup goes after the volumes, as upstream keeps it while they exist
+	// (a tmpfs emptyDir's memory is charged to it).
+	if err := m.cgroups.removePod(pod.UID); err != nil {
+		// The relist's sweep of orphan pod cgroups tries again.
+		klog.ErrorS(err, "Failed to remove the pod cgroup", "pod", klog.KObj(pod))
 	}
 	_ = os.RemoveAll(filepath.Join(m.cfg.rootDir, "pods", string(pod.UID)))
 	_ = os.RemoveAll(cri.PodLogsDirectory(m.cfg.cfg.PodLogsDir, pod))
@@ -718,7 +727,9 @@ func (m *podManager) relist(ctx context.Context) {
 	var orphanCgroups []types.UID
 	if m.apiSynced && m.staticLoaded {
 		for uid := range m.cgroups.podCgroupsOnNode() {
-			if _, known := m.pods[uid]; !known && fp[uid] == "" {
+			// As the kubelet's cleanupOrphanedPodCgroups: not while the pod's volumes
+			// are still on the node.
+			if _, known := m.pods[uid]; !known && fp[uid] == "" && !dirExists(filepath.Join(m.cfg.rootDir, "pods", string(uid), "volumes")) {
 				orphanCgroups = append(orphanCgroups, uid)
 			}
 		}
@@ -731,10 +742,16 @@ func (m *podManager) relist(ctx context.Context) {
 	// Pod cgroups of pods gone from the node (the kubelet's
 	// cleanupOrphanedPodCgroups), for pods whose sandboxes are gone too.
 	for _, uid := range orphanCgroups {
-		klog.V(2).InfoS("Removing the cgroup of a pod no longer on this node", "podUID", uid)
-		if err := m.cgroups.removePod(uid); err != nil {
-			klog.ErrorS(err, "Failed to remove an orphan pod cgroup", "podUID", uid)
+		m.mu.Lock()
+		// A pod with this UID may have arrived since (a static manifest restored):
+		// its cgroup is its own again. Held while removing, so it cannot arrive midway.
+		if _, known := m.pods[uid]; !known {
+			klog.V(2).InfoS("Removing the cgroup of a pod no longer on this node", "podUID", uid)
+			if err := m.cgroups.removePod(uid); err != nil {
+				klog.ErrorS(err, "Failed to remove an orphan pod cgroup", "podUID", uid)
+			}
 		}
+		m.mu.Unlock()
 	}
 }
 
