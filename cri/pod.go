@@ -406,17 +406,19 @@ func protocol(p corev1.Protocol) runtimeapi.Protocol {
 	return runtimeapi.Protocol_TCP
 }
 
-// podHostname follows the kubelet: spec.hostname or the pod name, cut to 63 bytes
+// podHostname follows the kubelet: spec.hostnameOverride as it is, else spec.hostname or the pod name, cut to 63 bytes
 // without a trailing '-' or '.'; with setHostnameAsFQDN and a subdomain, the FQDN
 // <hostname>.<subdomain>.<namespace>.svc.<clusterDomain>, at most 64 bytes.
 func podHostname(pod *corev1.Pod, clusterDomain string) (string, error) {
+	if o := pod.Spec.HostnameOverride; o != nil {
+		// spec.hostnameOverride (GA in 1.37) wins and never gets a domain, so no FQDN.
+		return truncateHostname(*o), nil
+	}
 	hostname := pod.Name
 	if pod.Spec.Hostname != "" {
 		hostname = pod.Spec.Hostname
 	}
-	if len(hostname) > 63 {
-		hostname = strings.TrimRight(hostname[:63], "-.")
-	}
+	hostname = truncateHostname(hostname)
 	if pod.Spec.SetHostnameAsFQDN != nil && *pod.Spec.SetHostnameAsFQDN && pod.Spec.Subdomain != "" && clusterDomain != "" {
 		fqdn := fmt.Sprintf("%s.%s.%s.svc.%s", hostname, pod.Spec.Subdomain, pod.Namespace, clusterDomain)
 		if len(fqdn) > 64 {
@@ -425,6 +427,15 @@ func podHostname(pod *corev1.Pod, clusterDomain string) (string, error) {
 		return fqdn, nil
 	}
 	return hostname, nil
+}
+
+// truncateHostname cuts a hostname to 63 bytes without a trailing '-' or '.', as the
+// kubelet's truncatePodHostnameIfNeeded.
+func truncateHostname(h string) string {
+	if len(h) > 63 {
+		h = strings.TrimRight(h[:63], "-.")
+	}
+	return h
 }
 
 // expand replaces $(NAME) with env's value, "$$" with "$", and leaves unknown

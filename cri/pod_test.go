@@ -124,6 +124,17 @@ func TestPodSandboxConfigVariants(t *testing.T) {
 			},
 		},
 		{
+			name: "spec.hostnameOverride wins over hostname and FQDN",
+			edit: func(p *corev1.Pod) {
+				p.Spec.Hostname, p.Spec.Subdomain, p.Spec.SetHostnameAsFQDN = "db-0", "db", ptr.To(true)
+				p.Spec.HostnameOverride = ptr.To("custom.host.example")
+			},
+			opts: cri.PodOptions{ClusterDomain: "cluster.local", LogsDir: "/logs"},
+			check: func(t *testing.T, cfg *runtimeapi.PodSandboxConfig) {
+				assert.Equal(t, "custom.host.example", cfg.Hostname)
+			},
+		},
+		{
 			name: "security context, privileged container, sysctls",
 			edit: func(p *corev1.Pod) {
 				p.Spec.SecurityContext = &corev1.PodSecurityContext{

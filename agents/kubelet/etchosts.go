@@ -25,10 +25,18 @@ const (
 	managedHostsFileMode = 0o644
 )
 
-// podHostnameAndDomain is the kubelet's GeneratePodHostNameAndDomain: the short
-// hostname (spec.hostname or the pod name, cut to 63 bytes without a trailing '-'
+// podHostnameAndDomain is the kubelet's GeneratePodHostNameAndDomain: spec.hostnameOverride
+// with no domain, else the short hostname (spec.hostname or the pod name, cut to 63 bytes without a trailing '-'
 // or '.') and, with a subdomain, <subdomain>.<namespace>.svc.<clusterDomain>.
 func podHostnameAndDomain(pod *corev1.Pod, clusterDomain string) (string, string) {
+	if o := pod.Spec.HostnameOverride; o != nil {
+		// spec.hostnameOverride (GA in 1.37) is the hostname, with no domain.
+		h := *o
+		if len(h) > maxPodHostnameLength {
+			h = strings.TrimRight(h[:maxPodHostnameLength], "-.")
+		}
+		return h, ""
+	}
 	hostname := pod.Name
 	if pod.Spec.Hostname != "" {
 		hostname = pod.Spec.Hostname

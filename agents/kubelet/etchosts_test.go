@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 )
 
 const hostsBoilerplate = "# Kubernetes-managed hosts file.\n" +
@@ -59,6 +60,10 @@ func TestPodHostnameAndDomain(t *testing.T) {
 	p.Name = "a123456789b123456789c123456789d123456789e123456789f123456789-.-xyz"
 	h, _ = podHostnameAndDomain(p, "cluster.local")
 	assert.Equal(t, "a123456789b123456789c123456789d123456789e123456789f123456789", h)
+	p.Spec.Hostname, p.Spec.HostnameOverride = "db", ptr.To("override.example")
+	h, d = podHostnameAndDomain(p, "cluster.local")
+	assert.Equal(t, "override.example", h, "spec.hostnameOverride wins")
+	assert.Empty(t, d, "and gets no domain, as the kubelet's GeneratePodHostNameAndDomain")
 }
 
 func TestHostsMount(t *testing.T) {
