@@ -339,6 +339,38 @@ func TestKubeletServer(t *testing.T) {
 		assert.Equal(t, `pod "nope" does not exist`, body)
 	})
 
+	t.Run("another node's identity: 403 from the Node authorizer and RBAC", func(t *testing.T) {
+		other := kubeletClient(n, userCert(t, cp, "system:node:other", "system:nodes"))
+		for _, tc := range []struct{ method, path, verb string }{
+			{"POST", "/exec/default/logs/main?command=true&output=1", "create"},
+			{"GET", "/exec/default/logs/main?command=true&output=1", "get"},
+			{"GET", "/containerLogs/default/logs/main", "get"},
+			{"POST", "/portForward/default/web", "create"},
+			{"GET", "/portForward/default/web", "get"},
+		} {
+			code, body := kubeletDo(t, other, tc.method, nodeURL+tc.path, "")
+			assert.Equal(t, http.StatusForbidden, code, "%s %s", tc.method, tc.path)
+			assert.Equal(t, "Forbidden (user=system:node:other, verb="+tc.verb+", resource=nodes, subresource(s)=[proxy])\n", body, "%s %s", tc.method, tc.path)
+		}
+	})
+
+	t.Run("a pod bound to another node: 404 on exec, containerLogs and portForward", func(t *testing.T) {
+		away := busyboxPod("away", image, corev1.RestartPolicyNever, "true")
+		away.Spec.NodeName = "elsewhere"
+		_, err := n.admin.CoreV1().Pods("default").Create(context.Background(), away, metav1.CreateOptions{})
+		require.NoError(t, err)
+		proxyUser := kubeletClient(n, userCert(t, cp, "proxy-user"))
+		for _, tc := range []struct{ method, path, body string }{
+			{"POST", "/exec/default/away/main?command=true&output=1", "pod does not exist"},
+			{"GET", "/containerLogs/default/away/main", `pod "away" does not exist`},
+			{"POST", "/portForward/default/away", "pod does not exist"},
+		} {
+			code, body := kubeletDo(t, proxyUser, tc.method, nodeURL+tc.path, "")
+			assert.Equal(t, http.StatusNotFound, code, "%s %s", tc.method, tc.path)
+			assert.Equal(t, tc.body, body, "%s %s", tc.method, tc.path)
+		}
+	})
+
 	t.Run("kubectl as a user with pods/log only: logs yes, exec no", func(t *testing.T) {
 		grant(t, n, "log-viewer",
 			rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods", "pods/log"}, Verbs: []string{"get", "list"}})

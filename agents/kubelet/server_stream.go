@@ -88,12 +88,14 @@ func (s *kubeletServer) runningContainer(ctx context.Context, pod *corev1.Pod, c
 	return newest, nil
 }
 
-// streamPod looks up the pod of a streaming request; a missing pod is a 404 naming it.
+// streamPod looks up the pod of a streaming request; a missing pod (not on this node)
+// is a 404 "pod does not exist", the kubelet's words for exec, attach, portForward and
+// run (unlike containerLogs, it does not name the pod).
 func (s *kubeletServer) streamPod(w http.ResponseWriter, r *http.Request) (*corev1.Pod, bool) {
 	namespace, name := r.PathValue("namespace"), r.PathValue("pod")
 	pod, _, ok := s.cfg.Pods.serverPod(namespace, name)
 	if !ok {
-		writeErrorString(w, http.StatusNotFound, fmt.Sprintf("pod %q does not exist", name))
+		writeErrorString(w, http.StatusNotFound, "pod does not exist")
 		return nil, false
 	}
 	return pod, true
@@ -194,7 +196,7 @@ func (s *kubeletServer) getPortForward(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if uid := r.PathValue("uid"); uid != "" && string(pod.UID) != uid {
-		writeErrorString(w, http.StatusNotFound, fmt.Sprintf("pod %q with UID %s not found", pod.Name, uid))
+		writeErrorString(w, http.StatusNotFound, "pod not found")
 		return
 	}
 	sbs, err := s.cfg.Runtime.ListPodSandbox(r.Context(), &runtimeapi.PodSandboxFilter{
