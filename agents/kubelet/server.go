@@ -57,6 +57,31 @@ type ServerConfig struct {
 
 	// auth replaces the authenticator and authorizer built from Config (tests).
 	auth *serverAuth
+	// limits replaces kubeletLimits (tests, to reach the timeouts quickly).
+	limits *httpLimits
+}
+
+// httpLimits are the bounds the HTTP server puts on every connection.
+type httpLimits struct {
+	// ReadTimeout bounds reading a whole request; with no ReadHeaderTimeout, net/http
+	// also bounds the request headers with it, and the TLS handshake with the smallest
+	// of ReadTimeout and WriteTimeout.
+	ReadTimeout  time.Duration
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection waiting for its next request.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes: larger request headers are a 431 and the connection is closed.
+	MaxHeaderBytes int
+}
+
+// kubeletLimits are the kubelet's (ListenAndServeKubeletServer): no ReadHeaderTimeout
+// (unlike the API server's 32s), so headers and handshakes are bounded by the 4h
+// ReadTimeout that long-running streams need.
+var kubeletLimits = httpLimits{
+	IdleTimeout:    90 * time.Second,
+	ReadTimeout:    4 * 60 * time.Minute,
+	WriteTimeout:   4 * 60 * time.Minute,
+	MaxHeaderBytes: 1 << 20,
 }
 
 // serverPods is the kubelet's view of its pods that the API server reads.
@@ -210,13 +235,16 @@ func (s *kubeletServer) Start(ctx context.Context) (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubelet server: %w", err)
 	}
-	srv := &http.Server{
-		Handler: s.handler,
-		// The kubelet's timeouts (ListenAndServeKubeletServer).
-		IdleTimeout:    90 * time.Second,
-		ReadTimeout:    4 * 60 * time.Minute,
-		WriteTimeout:   4 * 60 * time.Minute,
-		MaxHeaderBytes: 1 << 20,
+	lim := kubeletLimits
+	if s.cfg.limits != nil {
+		lim = *s.cfg.limits
+	}
+	srv := &http.Server{ //nolint:gosec // no ReadHeaderTimeout, as the kubelet: ReadTimeout bounds headers
+		Handler:        s.handler,
+		IdleTimeout:    lim.IdleTimeout,
+		ReadTimeout:    lim.ReadTimeout,
+		WriteTimeout:   lim.WriteTimeout,
+		MaxHeaderBytes: lim.MaxHeaderBytes,
 		TLSConfig:      s.tls.config,
 	}
 	s.mu.Lock()
