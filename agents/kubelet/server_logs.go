@@ -29,6 +29,12 @@ import (
 // Kubelet.GetKubeletContainerLogs).
 func (s *kubeletServer) getContainerLogs(w http.ResponseWriter, r *http.Request) {
 	namespace, podName, container := r.PathValue("namespace"), r.PathValue("pod"), r.PathValue("container")
+	if strings.Contains(namespace+podName+container, "/") {
+		// An escaped slash (%2F) inside a segment: the kubelet's router splits the
+		// decoded path, so the request has too many segments for its route.
+		pageNotFound(w, r)
+		return
+	}
 	switch {
 	case podName == "":
 		writeErrorString(w, http.StatusBadRequest, `{"message": "Missing podID."}`)
@@ -81,6 +87,12 @@ func (s *kubeletServer) getContainerLogs(w http.ResponseWriter, r *http.Request)
 	if err := readContainerLogs(r.Context(), s.cfg.Runtime, id, opts, fw); err != nil {
 		writeErrorString(w, http.StatusBadRequest, err.Error())
 	}
+}
+
+// pageNotFound is go-restful's answer, in the kubelet, to a path none of its routes
+// matches.
+func pageNotFound(w http.ResponseWriter, _ *http.Request) {
+	writeErrorString(w, http.StatusNotFound, "404: Page Not Found")
 }
 
 // parseLogOptions decodes the query as the kubelet does (v1 PodLogOptions from URL

@@ -32,6 +32,9 @@ const execCommandParam = "command"
 // container name).
 func (s *kubeletServer) installDebuggingHandlers(m *http.ServeMux) {
 	m.HandleFunc("/containerLogs/{namespace}/{pod}/{container}", getOnly(s.getContainerLogs))
+	// Any other path under /containerLogs/ (more or fewer segments) matches none of
+	// the kubelet's routes: go-restful's 404.
+	m.HandleFunc("/containerLogs/", pageNotFound)
 	for _, method := range []string{http.MethodGet, http.MethodPost} {
 		m.HandleFunc(method+" /exec/{namespace}/{pod}/{container}", s.getExec)
 		m.HandleFunc(method+" /exec/{namespace}/{pod}/{uid}/{container}", s.getExec)
