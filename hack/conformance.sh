@@ -6,7 +6,8 @@
 #   sudo ./hack/conformance.sh --smoke    the CI subset: hack/conformance/smoke.txt
 #   options: --keep (leave the cluster up afterwards), --no-doc (do not touch docs/conformance.md),
 #            --timeout=DURATION (stop e2e.test after this long, default 24h: the specs not
-#            reached are listed as "not run")
+#            reached are listed as "not run"), --focus=REGEX (instead of focus.txt, the
+#            [Conformance] specs whose names match REGEX, to rerun a few; implies --no-doc)
 #
 # Steps: builds e2e.test and agnhost (hack/build-e2e.sh) and the test images
 # (hack/build-e2e-images.sh), brings up `nodekit up --nodes 2 --detach` (through hack/up.sh,
@@ -18,19 +19,20 @@
 #
 # Environment: NODEKIT_CONFORMANCE_DIR (report dir, default /tmp/nodekit-conformance),
 # NODEKIT_CONFORMANCE_NAME (cluster name, default nkconf), NODEKIT_CONFORMANCE_API_PORT
-# (default 16470). Exits non-zero when a selected test fails.
+# (default 16470), NODEKIT_BIN_DIR (where hack/up.sh builds nodekit and its agents). Exits non-zero when a selected test fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 log() { echo "conformance: $*" >&2; }
 
-mode=full keep=0 doc=1 timeout=24h
+mode=full keep=0 doc=1 timeout=24h extra=
 for arg in "$@"; do
   case $arg in
     --smoke) mode=smoke ;;
     --keep) keep=1 ;;
     --no-doc) doc=0 ;;
     --timeout=*) timeout=${arg#--timeout=} ;;
-    *) log "unknown argument $arg (want --smoke, --keep, --no-doc, --timeout=DURATION)"; exit 2 ;;
+    --focus=*) extra=${arg#--focus=} doc=0 ;;
+    *) log "unknown argument $arg (want --smoke, --keep, --no-doc, --timeout=DURATION, --focus=REGEX)"; exit 2 ;;
   esac
 done
 if [ "$(id -u)" -ne 0 ]; then
@@ -47,6 +49,7 @@ name=${NODEKIT_CONFORMANCE_NAME:-nkconf}
 api_port=${NODEKIT_CONFORMANCE_API_PORT:-16470}
 out=${NODEKIT_CONFORMANCE_DIR:-/tmp/nodekit-conformance}/$mode
 state=$out/cluster
+nodekit=${NODEKIT_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin}/nodekit
 start=$(date +%s)
 
 # regex FILE: the file's non-comment lines joined into one alternation.
@@ -70,6 +73,8 @@ focus=$(regex "$lists/focus.txt")
 skip=$(skip_regex)
 # Ginkgo ORs repeated --ginkgo.focus flags: one expression makes "in the list AND conformance".
 selection="(?:$focus).*\\[Conformance\\]"
+# --focus replaces the list (Go's regexp has no lookahead to AND the two).
+[ -n "$extra" ] && selection="(?:$extra).*\\[Conformance\\]"
 
 e2e_test=$("$root/hack/build-e2e.sh")
 images=$("$root/hack/build-e2e-images.sh")
@@ -80,7 +85,7 @@ built=$(date +%s)
 # rootfs, pod volumes): stop it with nodekit down before removing anything, or refuse.
 if [ -e "$state" ]; then
   log "a cluster state is left in $state: stopping it first"
-  "${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin/nodekit" down --state-dir "$state" >&2 || {
+  "$nodekit" down --state-dir "$state" >&2 || {
     log "nodekit down --state-dir $state failed: remove that cluster by hand, then run this again"
     exit 1
   }
@@ -103,7 +108,6 @@ down() {
   log "tearing the cluster down"
   "$nodekit" down --state-dir "$state" >&2 || log "nodekit down failed: see $state"
 }
-nodekit=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin/nodekit
 log "bringing up a 2-node cluster in $state"
 "$root/hack/up.sh" --nodes 2 --detach --name "$name" --state-dir "$state" --api-port "$api_port" >&2
 trap down EXIT

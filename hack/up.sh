@@ -8,7 +8,8 @@
 # hack/build-coredns.sh: the CoreDNS image kubeadm deploys, built from the Go module proxy),
 # builds the control-plane peers (hack/build-peers.sh: minutes the first time, cached by
 # content afterwards), builds nodekit and, when they are in the tree, nodekit's kubelet
-# and kube-proxy agents into ${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin, and then execs
+# and kube-proxy agents into $NODEKIT_BIN_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin:
+# give each checkout its own when several run side by side), and then execs
 # `nodekit up "$@"`. Every step reuses its cache, so a second run starts in seconds.
 # Everything but the final `nodekit up` logs to stderr. docs/up.md has the details.
 set -euo pipefail
@@ -30,7 +31,7 @@ NODEKIT_IMAGES_DIR=$("$root/hack/setup-containerd.sh")
 NODEKIT_COREDNS_IMAGE_TAR=$("$root/hack/build-coredns.sh")
 export NODEKIT_PEERS_DIR NODEKIT_IMAGES_DIR NODEKIT_COREDNS_IMAGE_TAR
 
-bin=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin
+bin=${NODEKIT_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin}
 mkdir -p "$bin"
 pkgs=(./agents/nodekit)
 # nodekit up takes kubelet and kube-proxy from its own folder: build them there, and
