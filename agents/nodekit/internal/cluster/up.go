@@ -120,7 +120,7 @@ func CheckPrerequisites(c *Config) (*Images, error) {
 			return nil, fmt.Errorf("%w: %s is not installed (hack/up.sh installs it)", ErrPrerequisite, tool)
 		}
 	}
-	for _, p := range []string{"bridge", "host-local", "loopback"} {
+	for _, p := range []string{"bridge", "host-local", "loopback", "portmap"} {
 		if _, err := os.Stat(filepath.Join(cniBinDir, p)); err != nil {
 			return nil, fmt.Errorf("%w: CNI plugin %s missing in %s (apt-get install containernetworking-plugins)", ErrPrerequisite, p, cniBinDir)
 		}
@@ -717,7 +717,9 @@ state = %s
 	}
 	// Written before containerd starts: a file moved in later was not noticed. No
 	// ipMasq: pod-to-pod traffic is routed, not masqueraded; the node's own rules are
-	// kube-proxy's.
+	// kube-proxy's. portmap gives containers' hostPorts, as the CNI configurations
+	// kubeadm clusters use do (containerd passes the sandbox's port mappings to it);
+	// its iptables rules live in the node's namespace like everything else.
 	cni := fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "nodekit",
@@ -734,6 +736,10 @@ state = %s
         "routes": [{"dst": "0.0.0.0/0"}],
         "dataDir": %q
       }
+    },
+    {
+      "type": "portmap",
+      "capabilities": {"portMappings": true}
     }
   ]
 }
