@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"context"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -126,8 +125,9 @@ func TestCheckHostRefusals(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 			assert.Equal(t, tc.inUse, errors.Is(err, ErrHostInUse), "%v", err)
 
-			// Up refuses before it claims the state dir or makes anything.
-			_, err = upOnHost(context.Background(), cfg, &Images{}, probe)
+			// Up refuses before it claims the state dir or makes anything. (claimHost
+			// never starts anything, so a missing refusal fails here harmlessly.)
+			_, err = claimHost(cfg, &Images{}, probe)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			_, statErr := os.Stat(cfg.StateDir)
@@ -148,6 +148,22 @@ func TestCheckHostOnACleanMachine(t *testing.T) {
 		NATChainPrefixes: []string{"CNI-HOSTPORT-", "CNI-DN-"},
 		Sysctls:          []Sysctl{{Path: "/proc/sys/net/ipv4/ip_forward", Value: "0"}},
 	}, facts.Changes)
+
+	// Up's first half claims the state dir with the changes already recorded, before
+	// anything starts (claimHost starts nothing).
+	c, err := claimHost(cfg, &Images{}, cleanMachine())
+	require.NoError(t, err)
+	assert.Nil(t, c.Listener)
+	st, err := LoadState(cfg.StateDir)
+	require.NoError(t, err)
+	assert.True(t, st.HostNetwork)
+	require.NotNil(t, st.Host)
+	assert.Equal(t, facts.Changes, *st.Host)
+	assert.Equal(t, "192.0.2.10", st.ControlPlaneIP)
+	assert.Empty(t, st.Processes)
+	assert.Empty(t, st.Namespaces)
+	_, err = claimHost(cfg, &Images{}, cleanMachine())
+	assert.ErrorIs(t, err, ErrInUse, "a second up on the same state dir")
 
 	cfg.NodeIP = "198.51.100.7"
 	facts, err = checkHost(&cfg, cleanMachine())

@@ -258,7 +258,11 @@ func Up(ctx context.Context, cfg Config) (*Cluster, error) {
 				return nil, fmt.Errorf("%w: %s is not installed (--host-network needs it)", ErrPrerequisite, tool)
 			}
 		}
-		return upOnHost(ctx, cfg, images, machineProbe{})
+		c, err := claimHost(cfg, images, machineProbe{})
+		if err != nil {
+			return nil, err
+		}
+		return c.buildOrTearDown(ctx)
 	}
 	c := &Cluster{cfg: cfg, images: images}
 	if err := checkFree(cfg.StateDir); err != nil {
@@ -282,11 +286,12 @@ func Up(ctx context.Context, cfg Config) (*Cluster, error) {
 	return c.buildOrTearDown(ctx)
 }
 
-// upOnHost is Up for Config.HostNetwork: the machine is checked (read-only, through
-// probe) before the state dir is claimed, and what the node will change outside the
-// state dir is recorded before it starts. There is no forwarder: the API server
-// listens on the machine's network itself.
-func upOnHost(ctx context.Context, cfg Config, images *Images, probe hostProbe) (*Cluster, error) {
+// claimHost is Up's first half for Config.HostNetwork: the machine is checked
+// (read-only, through probe) before the state dir is claimed, and what the node will
+// change outside the state dir goes into the first state written. Nothing is started:
+// the caller builds. There is no forwarder: the API server listens on the machine's
+// network itself.
+func claimHost(cfg Config, images *Images, probe hostProbe) (*Cluster, error) {
 	if err := checkFree(cfg.StateDir); err != nil {
 		return nil, err
 	}
@@ -299,7 +304,10 @@ func upOnHost(ctx context.Context, cfg Config, images *Images, probe hostProbe) 
 	}
 	c := &Cluster{cfg: cfg, images: images, host: facts}
 	c.st = c.newState()
-	return c.buildOrTearDown(ctx)
+	if err := c.st.save(); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // newState is the state before anything is made.
