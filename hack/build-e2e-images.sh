@@ -9,7 +9,8 @@
 #                                                    static) on the project's busybox, as /agnhost,
 #                                                    with the dig/getent, curl and nc stand-ins
 #   registry.k8s.io/e2e-test-images/agnhost:2.55     STAND-IN: the same 2.66.1 binary, its own digest
-#   registry.k8s.io/e2e-test-images/busybox:1.37.0-2 the project's busybox (hack/setup-containerd.sh)
+#   registry.k8s.io/e2e-test-images/busybox:1.37.0-2 the project's busybox (hack/setup-containerd.sh),
+#                                                    every applet also linked into /bin as upstream's
 #   registry.k8s.io/e2e-test-images/nginx:1.27.0-2   STAND-IN: busybox httpd serving
 #   registry.k8s.io/e2e-test-images/nginx:1.28.0-2   STAND-IN  /usr/share/nginx/html on port 80
 #   registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1
@@ -158,6 +159,12 @@ add_dns_tools() {
 name=$registry/busybox:1.37.0-2
 log "building $name"
 unpack_busybox "$work/busybox"
+# Upstream's image is the official busybox, every applet in /bin; Debian's layout puts
+# some in /sbin and /usr/{s,}bin, and specs run e.g. /bin/sysctl: link those into /bin too.
+for applet in "$work"/busybox/{sbin,usr/bin,usr/sbin}/*; do
+  [ "$applet" -ef "$work/busybox/bin/busybox" ] || continue
+  [ -e "$work/busybox/bin/${applet##*/}" ] || ln "$work/busybox/bin/busybox" "$work/busybox/bin/${applet##*/}"
+done
 pack "$name" "$work/busybox" "{\"Env\":[$path_env],\"Cmd\":[\"sh\"]}" "$work/out/busybox.tar"
 printf 'busybox\t%s\tbusybox.tar\n' "$name" >>"$work/out/images.tsv"
 
