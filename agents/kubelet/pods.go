@@ -65,6 +65,8 @@ type podManager struct {
 	probes  *probe.Manager
 	volumes *volume.Manager
 	builder *configBuilder
+	// sysctls admits pods by their securityContext.sysctls.
+	sysctls *sysctlAllowlist
 	cgroups *podCgroups
 	// pullSecrets are the pods' imagePullSecrets, read once per sync.
 	pullSecrets *pullSecretCredentials
@@ -118,6 +120,9 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 		return nil, err
 	}
 	m.volumes = vols
+	if m.sysctls, err = newPodSysctlAllowlist(cfg); err != nil {
+		return nil, err
+	}
 	resolv, _ := os.ReadFile(*cfg.cfg.ResolverConfig)
 	cg, err := newPodCgroups(cfg.cfg)
 	if err != nil {
