@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	utilsysctl "k8s.io/component-helpers/node/util/sysctl"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/dump"
 )
@@ -149,8 +150,10 @@ func PodSandboxConfig(pod *corev1.Pod, opts PodOptions) (*runtimeapi.PodSandboxC
 			sc.SupplementalGroups = append(sc.SupplementalGroups, *psc.FSGroup)
 		}
 		sc.SupplementalGroups = append(sc.SupplementalGroups, psc.SupplementalGroups...)
+		// The kubelet hands the runtime dot-separated names: kernel/shm_rmid_forced
+		// becomes kernel.shm_rmid_forced, as sysctl.d(5) reads them.
 		for _, s := range psc.Sysctls {
-			sysctls[s.Name] = s.Value
+			sysctls[utilsysctl.NormalizeName(s.Name)] = s.Value
 		}
 	}
 	cfg.Linux = &runtimeapi.LinuxPodSandboxConfig{CgroupParent: opts.CgroupParent, SecurityContext: sc, Sysctls: sysctls}

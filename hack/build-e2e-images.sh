@@ -13,7 +13,8 @@
 #                                                    with its binary swapped for hack/build-busybox.sh's:
 #                                                    the same Debian 1.35 busybox, whose ash keeps
 #                                                    environment entries such as data-1=value-1 for
-#                                                    its children as upstream's 1.37 does
+#                                                    its children as upstream's 1.37 does; every
+#                                                    applet also linked into /bin as upstream's
 #   registry.k8s.io/e2e-test-images/nginx:1.27.0-2   STAND-IN: busybox httpd serving
 #   registry.k8s.io/e2e-test-images/nginx:1.28.0-2   STAND-IN  /usr/share/nginx/html on port 80
 #   registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1
@@ -170,6 +171,12 @@ unpack_busybox "$work/busybox"
 cp "$e2e_busybox" "$work/busybox/bin/busybox"
 "$work/busybox/bin/busybox" --list-full | sort | cmp -s - "$work/applets.want" ||
   { log "$e2e_busybox has other applets than $busybox_tar's busybox"; exit 1; }
+# Upstream's image is the official busybox, every applet in /bin; Debian's layout puts
+# some in /sbin and /usr/{s,}bin, and specs run e.g. /bin/sysctl: link those into /bin too.
+for applet in "$work"/busybox/{sbin,usr/bin,usr/sbin}/*; do
+  [ "$applet" -ef "$work/busybox/bin/busybox" ] || continue
+  [ -e "$work/busybox/bin/${applet##*/}" ] || ln "$work/busybox/bin/busybox" "$work/busybox/bin/${applet##*/}"
+done
 pack "$name" "$work/busybox" "{\"Env\":[$path_env],\"Cmd\":[\"sh\"]}" "$work/out/busybox.tar"
 printf 'busybox\t%s\tbusybox.tar\n' "$name" >>"$work/out/images.tsv"
 
