@@ -171,7 +171,9 @@ func PodSandboxConfig(pod *corev1.Pod, opts PodOptions) (*runtimeapi.PodSandboxC
 // no_new_privs). imageRef is the resolved image (PullImage's answer); "" sends the
 // container's image as written. Env entries with valueFrom, volume mounts, devices,
 // the OOM score adjustment, seccomp/AppArmor/SELinux and masked /proc paths are left
-// to the caller.
+// to the caller. name may be an init, app or ephemeral container's; an ephemeral
+// container's targetContainerName (the PID namespace of another container) needs
+// that container's runtime ID, which the caller sets (NamespaceMode_TARGET).
 func ContainerConfig(pod *corev1.Pod, name string, restartCount int, imageRef string) (*runtimeapi.ContainerConfig, error) {
 	if err := validatePod(pod); err != nil {
 		return nil, err
@@ -185,6 +187,11 @@ func ContainerConfig(pod *corev1.Pod, name string, restartCount int, imageRef st
 	for i := range pod.Spec.Containers {
 		if pod.Spec.Containers[i].Name == name {
 			container = &pod.Spec.Containers[i]
+		}
+	}
+	for i := range pod.Spec.EphemeralContainers {
+		if pod.Spec.EphemeralContainers[i].Name == name {
+			container = (*corev1.Container)(&pod.Spec.EphemeralContainers[i].EphemeralContainerCommon)
 		}
 	}
 	if container == nil {
