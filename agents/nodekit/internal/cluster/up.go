@@ -695,6 +695,10 @@ func (c *Cluster) controlPlaneLaunches() []launch {
 			"--service-account-key-file=" + pki("sa.key"),
 			"--service-account-signing-key-file=" + pki("sa.key"),
 			"--allow-privileged=true",
+			// Webhooks and aggregated APIs are Services; the control plane's namespace has
+			// no kube-proxy, but it has a route to every pod CIDR, so kube-apiserver calls
+			// their endpoints' pod IPs instead of the ClusterIP.
+			"--enable-aggregator-routing=true",
 		}},
 		{Name: "kube-controller-manager", NetNS: cp, Bin: peer("kube-controller-manager"), Args: []string{
 			"--kubeconfig=" + kcm, "--authentication-kubeconfig=" + kcm, "--authorization-kubeconfig=" + kcm,
