@@ -66,6 +66,31 @@ type nodeStatus struct {
 	lastReport time.Time
 	// runtimeReady is the last readiness verdict, for /healthz and pod admission.
 	readiness cri.Readiness
+	// seen is the Node as last read from the API server (labels, taints, status
+	// features), for pod admission; nil until the first status update reads it.
+	seen *corev1.Node
+}
+
+// admissionNode is the Node pod admission judges against, as the kubelet's
+// getNodeAnyWay: the one last read from the API server, or, before any, the Node
+// this kubelet registers (its labels and registerWithTaints).
+func (n *nodeStatus) admissionNode() *corev1.Node {
+	n.mu.Lock()
+	seen := n.seen
+	n.mu.Unlock()
+	if seen != nil {
+		return seen
+	}
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{
+			corev1.LabelHostname: n.hostname, corev1.LabelOSStable: runtime.GOOS, corev1.LabelArchStable: runtime.GOARCH,
+		}},
+		Spec: corev1.NodeSpec{Taints: append([]corev1.Taint(nil), n.cfg.RegisterWithTaints...)},
+	}
+	for k, v := range n.labels {
+		node.Labels[k] = v
+	}
+	return node
 }
 
 func (n *nodeStatus) nodeRef() *corev1.ObjectReference {
@@ -524,6 +549,7 @@ func (n *nodeStatus) tryUpdate(ctx context.Context, attempt int) error {
 	node := old.DeepCopy()
 	n.setStatus(ctx, node)
 	n.mu.Lock()
+	n.seen = old
 	due := n.clock.Since(n.lastReport) >= n.cfg.NodeStatusReportFrequency.Duration
 	n.mu.Unlock()
 	if !due && !nodeStatusChanged(&old.Status, &node.Status) {
