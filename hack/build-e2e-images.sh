@@ -15,6 +15,8 @@
 #                                                    environment entries such as data-1=value-1 for
 #                                                    its children as upstream's 1.37 does; every
 #                                                    applet also linked into /bin as upstream's
+#   registry.k8s.io/e2e-test-images/kitten:1.8       the agnhost 2.66.1 image above with upstream's
+#   registry.k8s.io/e2e-test-images/nautilus:1.8     picture and data.json in /, CMD test-webserver
 #   registry.k8s.io/e2e-test-images/nginx:1.27.0-2   STAND-IN: busybox httpd serving
 #   registry.k8s.io/e2e-test-images/nginx:1.28.0-2   STAND-IN  /usr/share/nginx/html on port 80
 #   registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1
@@ -64,7 +66,7 @@ k8s_src=$(cd "$root/upstream/e2e" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 deb_sha() { apt-cache show --no-all-versions "$1" 2>/dev/null | awk '/^SHA256:/ {print $2; exit}'; }
 shell_debs="$(deb_sha busybox) $(deb_sha libc6)"
 key=$( (echo "$shell_debs"; cat "$0" "$root"/upstream/e2e/cmd/dig/main.go "$root"/upstream/e2e/cmd/curl/main.go "$root"/upstream/e2e/cmd/nc/main.go "$root"/upstream/e2e/go.sum; go version
-  sha256sum "$agnhost" "$busybox_tar" "$e2e_busybox" "$pause_tar" "$k8s_src"/test/images/agnhost/porter/localhost.*) |
+  sha256sum "$agnhost" "$busybox_tar" "$e2e_busybox" "$pause_tar" "$k8s_src"/test/images/agnhost/porter/localhost.* "$k8s_src"/test/images/{kitten,nautilus}/html/*) |
   sha256sum | cut -c1-16)
 base=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/e2e-images
 out=$base/$key
@@ -207,6 +209,22 @@ for tag in 2.66.1 2.55; do
   pack "$name" "$r" "{\"Env\":[$path_env],\"Entrypoint\":[\"/agnhost\"],\"Cmd\":[\"pause\"],\"ExposedPorts\":{\"80/tcp\":{},\"8080/tcp\":{},\"8081/tcp\":{},\"9376/tcp\":{},\"5000/tcp\":{}}}" \
     "$work/out/agnhost-$tag.tar"
   printf 'agnhost-%s\t%s\tagnhost-%s.tar\n' "$tag" "$name" "$tag" >>"$work/out/images.tsv"
+done
+
+# --- kitten and nautilus 1.8 -------------------------------------------------------------
+# As upstream's Dockerfiles build them: the agnhost 2.66.1 image with the picture and its
+# data.json (from the module's test/images/<name>/html) in /, command test-webserver.
+for pic in kitten nautilus; do
+  name=$registry/$pic:1.8
+  log "building $name"
+  r=$work/$pic
+  cp -a "$work/agnhost-2.66.1" "$r"
+  rm -f "$r/NODEKIT_IMAGE"
+  cp "$k8s_src/test/images/$pic/html/$pic.jpg" "$k8s_src/test/images/$pic/html/data.json" "$r/"
+  chmod 0644 "$r/$pic.jpg" "$r/data.json"
+  pack "$name" "$r" "{\"Env\":[$path_env],\"Entrypoint\":[\"/agnhost\"],\"Cmd\":[\"test-webserver\"],\"ExposedPorts\":{\"80/tcp\":{}}}" \
+    "$work/out/$pic.tar"
+  printf '%s\t%s\t%s.tar\n' "$pic" "$name" "$pic" >>"$work/out/images.tsv"
 done
 
 # --- nginx stand-ins -------------------------------------------------------------------
