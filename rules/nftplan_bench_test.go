@@ -78,8 +78,10 @@ func BenchmarkFullEncodeAt5k(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, _, err := newNetlinkApplier(IPv4, "bench").encode(tx); err != nil {
+		nb, _, err := newNetlinkApplier(IPv4, "bench").encode(tx)
+		if err != nil {
 			b.Fatal(err)
 		}
+		b.ReportMetric(float64(len(nb.buf))/float64(len(tx.ops)), "batch-bytes/op")
 	}
 }
