@@ -205,6 +205,29 @@ func TestLoopWaitsForInitialListsThenSyncsFull(t *testing.T) {
 	assert.Equal(t, 1, e.cleaner.n(), "a full sync cleans UDP conntrack")
 }
 
+// TestLoopGivesTheWholeStateWhenTheWriterLostItsRecord: a writer that refuses
+// changes with ErrFullSyncNeeded (here: ForceFullSync behind the loop's back)
+// gets the whole state in the same sync.
+func TestLoopGivesTheWholeStateWhenTheWriterLostItsRecord(t *testing.T) {
+	svc, es := web("10.244.1.10")
+	e := startLoop(t, svc, es)
+	e.px.OnSynced()
+	require.NoError(t, e.waitSync())
+	e.waitMinInterval()
+	e.syncer.ForceFullSync()
+
+	es.Endpoints = append(es.Endpoints, smt.Endpoint("10.244.1.11", smt.OnNode("n1")))
+	e.updateSlice(es)
+	e.clock.Step(time.Second)
+	require.ErrorIs(t, e.waitSync(), rules.ErrFullSyncNeeded, "the changes are refused first")
+	require.NoError(t, e.waitSync(), "then the whole state is synced")
+	assert.Equal(t, 2, e.syncer.FullSyncs)
+	assert.Equal(t, 0, e.syncer.PartialSyncs)
+	assert.Equal(t, []string{"10.244.1.10:8080", "10.244.1.11:8080"}, endpointsOf(e.syncer.Last(), "web"))
+	e.waitMinInterval()
+	assert.Zero(t, e.syncer.Failed)
+}
+
 func TestLoopRateLimitsAndSyncsPartially(t *testing.T) {
 	svc, es := web("10.244.1.10")
 	e := startLoop(t, svc, es)
