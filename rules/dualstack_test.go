@@ -210,7 +210,7 @@ func TestNetlinkEncodesIPv6(t *testing.T) {
 	} {
 		mutate()
 		w.applier = a
-		tx, _, _, err := w.transaction(ctx, st)
+		tx, _, _, err := w.transaction(ctx, st, nil)
 		require.NoError(t, err)
 		w.applier = cliApplier{w.nft}
 		b, keys, err := a.encode(tx)

@@ -264,7 +264,7 @@ func RenderNFTables(cfg NFTablesConfig, st *State) (string, error) {
 func (w *NFTables) DryRun(ctx context.Context, st *State) (string, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	tx, _, _, err := w.transaction(ctx, st)
+	tx, _, _, err := w.transaction(ctx, st, nil)
 	if err != nil {
 		return "", err
 	}
@@ -277,12 +277,27 @@ func (w *NFTables) DryRun(ctx context.Context, st *State) (string, error) {
 // ports whose rules changed, plus the map and set elements that changed. Syncing the
 // same state twice writes nothing the second time.
 func (w *NFTables) Sync(ctx context.Context, st *State) error {
+	return w.sync(ctx, st, nil)
+}
+
+// SyncChanges writes only the service ports ch names, as Sync of the last synced
+// state with ch applied would (PartialSyncer): planning costs in proportion to ch,
+// not to the table. Without a last synced state it returns ErrFullSyncNeeded.
+func (w *NFTables) SyncChanges(ctx context.Context, ch *Changes) error {
+	return w.sync(ctx, nil, ch)
+}
+
+func (w *NFTables) sync(ctx context.Context, st *State, ch *Changes) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	log := logr.FromContextOrDiscard(ctx)
 	start := w.cfg.Clock.Now()
 	full := w.applied == nil
-	tx, commit, newStale, err := w.transaction(ctx, st)
+	if ch != nil && full {
+		return fmt.Errorf("%w: nftables table %s %s has no synced state to apply changes to", ErrFullSyncNeeded, w.cfg.Family.nft(), w.cfg.Table)
+	}
+	tx, commit, newStale, err := w.transaction(ctx, st, ch)
+	planned := w.cfg.Clock.Since(start)
 	if err == nil && len(tx.ops) > 0 {
 		if rerr := w.applier.apply(ctx, tx); rerr != nil {
 			err = fmt.Errorf("%w: nftables table %s %s (%d operations, %s): %w", ErrApplyFailed, w.cfg.Family.nft(), w.cfg.Table, len(tx.ops), w.cfg.Applier, rerr)
@@ -303,7 +318,7 @@ func (w *NFTables) Sync(ctx context.Context, st *State) error {
 	commit()
 	w.stale = newStale
 	w.baseRecreated = true
-	log.V(4).Info("nftables sync done", "family", w.cfg.Family, "table", w.cfg.Table, "full", full, "operations", len(tx.ops), "took", took)
+	log.V(4).Info("nftables sync done", "family", w.cfg.Family, "table", w.cfg.Table, "full", full, "operations", len(tx.ops), "planned", planned, "took", took)
 	return nil
 }
 
@@ -679,13 +694,17 @@ func isServiceChain(name string) bool { return serviceChainName.MatchString(name
 // A partial sync costs in proportion to what changed: service ports equal to the
 // ones last written are not compiled again, and only the elements of the changed
 // ones are compared.
-func (w *NFTables) transaction(ctx context.Context, st *State) (*nftTx, func(), map[string]bool, error) {
+func (w *NFTables) transaction(ctx context.Context, st *State, ch *Changes) (*nftTx, func(), map[string]bool, error) {
 	prev := w.applied
 	full := prev == nil
 	var changed, olds []*svcRules
 	var removed []svcID
 	var err error
-	if full {
+	if ch != nil {
+		if changed, olds, removed, err = w.changesOf(ch, prev); err != nil {
+			return nil, nil, nil, err
+		}
+	} else if full {
 		if err := st.ValidateFamily(w.cfg.Family); err != nil {
 			return nil, nil, nil, err
 		}
@@ -908,6 +927,55 @@ func (w *NFTables) changes(st *State, prev *nftPlan) (changed, olds []*svcRules,
 			removed = append(removed, id)
 		}
 	}
+	if err := checkClaims(prev, changed, olds); err != nil {
+		return nil, nil, nil, err
+	}
+	return changed, olds, removed, nil
+}
+
+// changesOf is changes for a partial update: only the ports ch names are looked
+// at.
+func (w *NFTables) changesOf(ch *Changes, prev *nftPlan) (changed, olds []*svcRules, removed []svcID, err error) {
+	seen := make(map[svcID]bool, len(ch.Set)+len(ch.Remove))
+	for i := range ch.Set {
+		s := &ch.Set[i]
+		id := idOf(s)
+		if seen[id] {
+			return nil, nil, nil, fmt.Errorf("%w: service port %q (%s) listed twice", ErrInvalidState, s.PortNameString(), s.Protocol)
+		}
+		seen[id] = true
+		old := prev.services[id]
+		if old != nil {
+			if serviceSame(&old.svc, s) {
+				continue
+			}
+			olds = append(olds, old)
+		}
+		if err := s.ValidateFamily(w.cfg.Family); err != nil {
+			return nil, nil, nil, err
+		}
+		changed = append(changed, w.compileService(s))
+	}
+	for _, p := range ch.Remove {
+		id := svcID{p.Namespace, p.Name, p.PortName, p.Protocol}
+		if seen[id] {
+			return nil, nil, nil, fmt.Errorf("%w: service port %q (%s) both set and removed", ErrInvalidState, id, p.Protocol)
+		}
+		seen[id] = true
+		if old := prev.services[id]; old != nil {
+			olds = append(olds, old)
+			removed = append(removed, id)
+		}
+	}
+	if err := checkClaims(prev, changed, olds); err != nil {
+		return nil, nil, nil, err
+	}
+	return changed, olds, removed, nil
+}
+
+// checkClaims checks that no changed port claims a destination another port
+// still claims: the ports of prev, less olds, plus changed.
+func checkClaims(prev *nftPlan, changed, olds []*svcRules) error {
 	void := make(map[svcID]bool, len(olds))
 	for _, r := range olds {
 		void[r.id] = true
@@ -922,13 +990,13 @@ func (w *NFTables) changes(st *State, prev *nftPlan) (changed, olds []*svcRules,
 				}
 			}
 			if ok && o != r.id {
-				return nil, nil, nil, fmt.Errorf("%w: service ports %q and %q both claim %v %s/%d",
+				return fmt.Errorf("%w: service ports %q and %q both claim %v %s/%d",
 					ErrInvalidState, o, r.svc.PortNameString(), d.ip, d.proto, d.port)
 			}
 			claimed[d] = r.id
 		}
 	}
-	return changed, olds, removed, nil
+	return nil
 }
 
 // elementChanges writes, per container, the deletes and then the adds that take the

@@ -380,3 +380,70 @@ func TestLocalPolicyMatchesKubeProxy(t *testing.T) {
 	assert.Contains(t, ipt, "-A KUBE-EXT-GNZBNJ2PO5MGZ6GT -j KUBE-SVL-GNZBNJ2PO5MGZ6GT\n")
 	assert.NotContains(t, ipt, "has no local endpoints")
 }
+
+// TestNFTablesSyncChanges checks that a partial update leaves the table exactly
+// as Sync of the whole resulting state does, step after step, and that it
+// refuses what Sync refuses.
+func TestNFTablesSyncChanges(t *testing.T) {
+	ctx := context.Background()
+	cfg := sampleConfig()
+	byChanges := knftables.NewFake(knftables.IPv4Family, "kube-proxy")
+	byState := knftables.NewFake(knftables.IPv4Family, "kube-proxy")
+	wc, err := newNFTablesWith(cfg, byChanges)
+	require.NoError(t, err)
+	ws, err := newNFTablesWith(cfg, byState)
+	require.NoError(t, err)
+
+	st := sampleState()
+	require.ErrorIs(t, wc.SyncChanges(ctx, &Changes{Set: st.Services}), ErrFullSyncNeeded)
+	assert.Empty(t, byChanges.Dump(), "nothing written without a synced state")
+	require.NoError(t, wc.Sync(ctx, st))
+	require.NoError(t, ws.Sync(ctx, st))
+
+	steps := []struct {
+		name  string
+		apply func(st *State) *Changes
+	}{
+		{"endpoint removed", func(st *State) *Changes {
+			st.Services[1].Endpoints = st.Services[1].Endpoints[:1]
+			return &Changes{Set: []Service{st.Services[1]}}
+		}},
+		{"unchanged port listed", func(st *State) *Changes { return &Changes{Set: []Service{st.Services[0]}} }},
+		{"port removed, another added", func(st *State) *Changes {
+			gone := st.Services[0].ID()
+			st.Services[0] = Service{Namespace: "ns9", Name: "svc9", PortName: "p", Protocol: TCP,
+				ClusterIP: ip("172.30.0.49"), Port: 80, Endpoints: []Endpoint{ep("10.180.0.9", 8080)}}
+			return &Changes{Set: []Service{st.Services[0]}, Remove: []PortID{gone}}
+		}},
+		{"affinity dropped and endpoints gone", func(st *State) *Changes {
+			st.Services[2].AffinityTimeout = 0
+			st.Services[3].Endpoints = []Endpoint{ep("10.180.0.6", 80)}
+			return &Changes{Set: []Service{st.Services[2], st.Services[3]}}
+		}},
+		{"removing an unknown port is a no-op", func(*State) *Changes {
+			return &Changes{Remove: []PortID{{Namespace: "nsx", Name: "x", Protocol: TCP}}}
+		}},
+	}
+	for _, s := range steps {
+		ch := s.apply(st)
+		require.NoError(t, wc.SyncChanges(ctx, ch), s.name)
+		require.NoError(t, ws.Sync(ctx, st), s.name)
+		assert.Equal(t, byState.Dump(), byChanges.Dump(), s.name)
+	}
+
+	before := byChanges.Dump()
+	clash := st.Services[1]
+	clash.Name = "other"
+	require.ErrorIs(t, wc.SyncChanges(ctx, &Changes{Set: []Service{clash}}), ErrInvalidState, "claims ns4/svc4's cluster IP")
+	require.ErrorIs(t, wc.SyncChanges(ctx, &Changes{Set: []Service{st.Services[1], st.Services[1]}}), ErrInvalidState)
+	require.ErrorIs(t, wc.SyncChanges(ctx, &Changes{Set: []Service{st.Services[1]}, Remove: []PortID{st.Services[1].ID()}}), ErrInvalidState)
+	bad := st.Services[1]
+	bad.Port = 0
+	require.ErrorIs(t, wc.SyncChanges(ctx, &Changes{Set: []Service{bad}}), ErrInvalidState)
+	assert.Equal(t, before, byChanges.Dump(), "refused changes write nothing")
+	// Invalid input leaves the writer's record intact: the next change is partial.
+	st.Services[1].Endpoints = append(st.Services[1].Endpoints, ep("10.180.0.7", 80))
+	require.NoError(t, wc.SyncChanges(ctx, &Changes{Set: []Service{st.Services[1]}}))
+	require.NoError(t, ws.Sync(ctx, st))
+	assert.Equal(t, byState.Dump(), byChanges.Dump())
+}

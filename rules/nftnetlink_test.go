@@ -80,7 +80,7 @@ func TestNetlinkEncodesEveryTransaction(t *testing.T) {
 			mutate()
 			require.NoError(t, w.Sync(ctx, st))
 			w.applier = a
-			tx, _, _, err := w.transaction(ctx, st)
+			tx, _, _, err := w.transaction(ctx, st, nil)
 			require.NoError(t, err)
 			w.applier = cliApplier{w.nft}
 			_, _, err = a.encode(tx)

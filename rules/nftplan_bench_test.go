@@ -23,14 +23,21 @@ func planBenchState(n int) *State {
 	return st
 }
 
+// BenchmarkPartialPlanAt10k plans a partial sync of one changed port among
+// 10,000: from the whole state (Sync) or from the change alone (SyncChanges).
 func BenchmarkPartialPlanAt10k(b *testing.B) {
+	b.Run("state", func(b *testing.B) { benchPartialPlan(b, false) })
+	b.Run("changes", func(b *testing.B) { benchPartialPlan(b, true) })
+}
+
+func benchPartialPlan(b *testing.B, changes bool) {
 	ctx := context.Background()
 	st := planBenchState(10000)
 	w, err := newNFTablesWith(NFTablesConfig{Table: "bench"}, knftables.NewFake(knftables.IPv4Family, "bench"))
 	if err != nil {
 		b.Fatal(err)
 	}
-	_, commit, stale, err := w.transaction(ctx, st)
+	_, commit, stale, err := w.transaction(ctx, st, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -39,8 +46,13 @@ func BenchmarkPartialPlanAt10k(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		st.Services[i%len(st.Services)].Endpoints[0].Port = 9000 + i%1000
-		tx, commit, stale, err := w.transaction(ctx, st)
+		s := &st.Services[i%len(st.Services)]
+		s.Endpoints[0].Port = 9000 + i%1000
+		var ch *Changes
+		if changes {
+			ch = &Changes{Set: []Service{*s}}
+		}
+		tx, commit, stale, err := w.transaction(ctx, st, ch)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -62,12 +74,14 @@ func BenchmarkFullEncodeAt5k(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		tx, _, _, err := w.transaction(ctx, st)
+		tx, _, _, err := w.transaction(ctx, st, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, _, err := newNetlinkApplier(IPv4, "bench").encode(tx); err != nil {
+		nb, _, err := newNetlinkApplier(IPv4, "bench").encode(tx)
+		if err != nil {
 			b.Fatal(err)
 		}
+		b.ReportMetric(float64(len(nb.buf))/float64(len(tx.ops)), "batch-bytes/op")
 	}
 }

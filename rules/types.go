@@ -307,9 +307,43 @@ type Syncer interface {
 }
 
 var (
-	_ Syncer = (*NFTables)(nil)
-	_ Syncer = (*IPTables)(nil)
+	_ Syncer        = (*NFTables)(nil)
+	_ Syncer        = (*IPTables)(nil)
+	_ PartialSyncer = (*NFTables)(nil)
 )
+
+// ErrFullSyncNeeded is what SyncChanges returns when the writer has no record of
+// what is in the kernel (no successful sync yet, a failed one, or ForceFullSync):
+// the caller must Sync the whole state instead. Nothing was written.
+var ErrFullSyncNeeded = errors.New("a full sync is needed")
+
+// PortID names a service port as the writers key it: namespace, name, port name
+// and protocol.
+type PortID struct {
+	Namespace, Name, PortName string
+	Protocol                  Protocol
+}
+
+// ID is the service port's PortID.
+func (s *Service) ID() PortID { return PortID{s.Namespace, s.Name, s.PortName, s.Protocol} }
+
+// Changes is a partial update of the desired state: the service ports that are
+// new or may have changed, each in full, and the ones that are gone. Ports named
+// in neither are as the last sync left them. A port may appear only once.
+type Changes struct {
+	Set    []Service
+	Remove []PortID
+}
+
+// PartialSyncer is a Syncer that can also take only what changed, at a cost in
+// proportion to the change rather than to the whole state.
+type PartialSyncer interface {
+	Syncer
+	// SyncChanges makes the kernel match the last synced state with ch applied,
+	// atomically, exactly as Sync of that whole state would; it returns
+	// ErrFullSyncNeeded when there is no last state to apply ch to.
+	SyncChanges(ctx context.Context, ch *Changes) error
+}
 
 // Clone returns a deep copy of st, so a caller may keep a state it handed over.
 func (st *State) Clone() *State {

@@ -88,6 +88,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.clusterCIDR, "cluster-cidr", "", "The CIDR range of the pods in the cluster. Traffic to cluster IPs from outside it is masqueraded. This parameter is ignored if a config file is specified by --config.")
 	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", nil, "A list of CIDR ranges and/or the keywords 'primary' and 'all'. NodePort services are only accessible on node IPs covered by the list. If unset, this defaults to 'all' in iptables mode and to 'primary' in nftables mode. This parameter is ignored if a config file is specified by --config.")
 	fs.DurationVar(&c.ConfigSyncPeriod.Duration, "config-sync-period", c.ConfigSyncPeriod.Duration, "How often configuration from the apiserver is refreshed. Must be greater than 0.")
+	fs.BoolVar(&c.EnableProfiling, "profiling", c.EnableProfiling, "If true enables profiling via web interface on /debug/pprof handler. This parameter is ignored if a config file is specified by --config.")
 	fs.StringVar(&o.netns, "netns", "", "nodekit: path of a network namespace (such as /proc/PID/ns/net or /run/netns/NAME) to write the rules and clean conntrack in. The API server is still reached from the process's own namespace. Empty: the process's own namespace.")
 	logsapi.AddFlags(&c.Logging, fs)
 }
@@ -426,7 +427,6 @@ func unhonoured(c *v1alpha1.KubeProxyConfiguration) []string {
 	add("conntrack.udpStreamTimeout", c.Conntrack.UDPStreamTimeout.Duration, false)
 	// Features nodekit does not implement.
 	add("featureGates", len(c.FeatureGates), false)
-	add("enableProfiling", c.EnableProfiling, false)
 	add("bindAddressHardFail", c.BindAddressHardFail, false)
 	add("showHiddenMetricsForVersion", c.ShowHiddenMetricsForVersion, false)
 	add("portRange", c.PortRange, false)

@@ -191,10 +191,10 @@ func TestUnhonouredFields(t *testing.T) {
 	c.Conntrack.TCPCloseWaitTimeout = &metav1.Duration{}
 	c.OOMScoreAdj = ptr.To[int32](0)
 	assert.Empty(t, unhonoured(c), "zeroed host settings are nothing to honour")
-	c.EnableProfiling = true
+	c.EnableProfiling = true // honoured: /debug/pprof on the metrics server
 	c.IPVS.Scheduler = "rr"
 	c.Conntrack.MaxPerCore = ptr.To[int32](1)
-	assert.Equal(t, []string{"conntrack.maxPerCore", "enableProfiling", "ipvs"}, unhonoured(c))
+	assert.Equal(t, []string{"conntrack.maxPerCore", "ipvs"}, unhonoured(c))
 }
 
 func TestHealthzBody(t *testing.T) {

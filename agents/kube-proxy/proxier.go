@@ -277,9 +277,13 @@ var errSyncFailed = errors.New("sync failed")
 
 // familySync is what one sync computed for one family under the lock.
 type familySync struct {
-	f                                *familyState
-	full                             bool
+	f    *familyState
+	full bool
+	// st is the whole state, or ch the changes for a writer that takes them
+	// (rules.PartialSyncer): a partial sync that needs the whole state for
+	// nothing else costs in proportion to what changed.
 	st                               *rules.State
+	ch                               *rules.Changes
 	noLocalInternal, noLocalExternal int
 }
 
@@ -312,7 +316,15 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 		// can outlive a failure or a topology change.
 		f.conv.apply(upd, fs.full)
 		var skips []skipped
-		fs.st, skips = f.conv.state()
+		ok := false
+		// UDP changes need the whole state for the conntrack cleanup after.
+		if _, partial := f.Syncer.(rules.PartialSyncer); partial && !fs.full && !touchesUDP(upd) {
+			fs.ch, skips, ok = f.conv.changes()
+		}
+		if !ok {
+			fs.ch = nil
+			fs.st, skips = f.conv.state()
+		}
 		fs.noLocalInternal, fs.noLocalExternal = f.conv.noLocal()
 		ports, local := f.conv.healthChecks()
 		// One health check server answers for every family: a Service's port
@@ -328,6 +340,7 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 	triggers := p.triggerTimes
 	p.triggerTimes = map[v1.IPFamily]map[types.NamespacedName][]time.Time{}
 	p.mu.Unlock()
+	logger.V(4).Info("Sync phases: changes converted", "changed", len(upd.Changed), "fullSync", fullAll, "elapsed", clk.Since(start))
 
 	var errs []error
 	for i := range syncs {
@@ -363,8 +376,23 @@ func (p *proxier) syncFamily(ctx context.Context, logger klog.Logger, fs *family
 	if fs.full {
 		f.Syncer.ForceFullSync()
 	}
-	logger.V(2).Info("Syncing rules", "ipFamily", f.Family, "fullSync", fs.full, "servicePorts", len(fs.st.Services), "changed", len(upd.Changed))
-	err := p.cfg.Do(func() error { return f.Syncer.Sync(ctx, fs.st) })
+	logger.V(2).Info("Syncing rules", "ipFamily", f.Family, "fullSync", fs.full, "servicePorts", len(f.conv.ports), "changed", len(upd.Changed))
+	var err error
+	if fs.ch != nil {
+		err = p.cfg.Do(func() error { return f.Syncer.(rules.PartialSyncer).SyncChanges(ctx, fs.ch) })
+		if errors.Is(err, rules.ErrFullSyncNeeded) {
+			// The writer lost its record (nothing was written): give it everything.
+			p.mu.Lock()
+			var skips []skipped
+			fs.st, skips = f.conv.state()
+			p.reportSkips(logger, f, skips)
+			p.mu.Unlock()
+			fs.ch = nil
+		}
+	}
+	if fs.ch == nil {
+		err = p.cfg.Do(func() error { return f.Syncer.Sync(ctx, fs.st) })
+	}
 	took := clk.Since(start)
 	syncProxyRulesLatency.WithLabelValues(f.label).Observe(took.Seconds())
 	if fs.full {
@@ -396,6 +424,10 @@ func (p *proxier) syncFamily(ctx context.Context, logger klog.Logger, fs *family
 	syncProxyRulesLastTimestamp.WithLabelValues(f.label).SetToCurrentTime()
 
 	if f.Conntrack != nil && (fs.full || touchesUDP(upd)) {
+		cstart := clk.Now()
+		defer func() {
+			logger.V(4).Info("Sync phases: conntrack cleaned", "ipFamily", f.Family, "elapsed", clk.Since(cstart))
+		}()
 		var n int
 		cerr := p.cfg.Do(func() error {
 			var err error

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"strings"
 	"sync"
@@ -34,6 +35,12 @@ type notifyingSyncer struct {
 
 func (n *notifyingSyncer) Sync(ctx context.Context, st *rules.State) error {
 	err := n.Fake.Sync(ctx, st)
+	n.done <- err
+	return err
+}
+
+func (n *notifyingSyncer) SyncChanges(ctx context.Context, ch *rules.Changes) error {
+	err := n.Fake.SyncChanges(ctx, ch)
 	n.done <- err
 	return err
 }
@@ -198,6 +205,29 @@ func TestLoopWaitsForInitialListsThenSyncsFull(t *testing.T) {
 	assert.Equal(t, 1, e.cleaner.n(), "a full sync cleans UDP conntrack")
 }
 
+// TestLoopGivesTheWholeStateWhenTheWriterLostItsRecord: a writer that refuses
+// changes with ErrFullSyncNeeded (here: ForceFullSync behind the loop's back)
+// gets the whole state in the same sync.
+func TestLoopGivesTheWholeStateWhenTheWriterLostItsRecord(t *testing.T) {
+	svc, es := web("10.244.1.10")
+	e := startLoop(t, svc, es)
+	e.px.OnSynced()
+	require.NoError(t, e.waitSync())
+	e.waitMinInterval()
+	e.syncer.ForceFullSync()
+
+	es.Endpoints = append(es.Endpoints, smt.Endpoint("10.244.1.11", smt.OnNode("n1")))
+	e.updateSlice(es)
+	e.clock.Step(time.Second)
+	require.ErrorIs(t, e.waitSync(), rules.ErrFullSyncNeeded, "the changes are refused first")
+	require.NoError(t, e.waitSync(), "then the whole state is synced")
+	assert.Equal(t, 2, e.syncer.FullSyncs)
+	assert.Equal(t, 0, e.syncer.PartialSyncs)
+	assert.Equal(t, []string{"10.244.1.10:8080", "10.244.1.11:8080"}, endpointsOf(e.syncer.Last(), "web"))
+	e.waitMinInterval()
+	assert.Zero(t, e.syncer.Failed)
+}
+
 func TestLoopRateLimitsAndSyncsPartially(t *testing.T) {
 	svc, es := web("10.244.1.10")
 	e := startLoop(t, svc, es)
@@ -212,6 +242,7 @@ func TestLoopRateLimitsAndSyncsPartially(t *testing.T) {
 	e.clock.Step(time.Second)
 	require.NoError(t, e.waitSync())
 	assert.Equal(t, 1, e.syncer.FullSyncs, "the second sync is partial")
+	assert.Equal(t, 1, e.syncer.PartialSyncs, "and hands the writer only the changed port")
 	assert.Equal(t, []string{"10.244.1.10:8080", "10.244.1.11:8080"}, endpointsOf(e.syncer.Last(), "web"))
 	e.waitMinInterval()
 	assert.Equal(t, 1, e.cleaner.n(), "a TCP-only partial sync leaves conntrack alone")
@@ -467,4 +498,145 @@ func TestConvertLoadBalancerSourceRanges(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, out, "ip saddr != { 192.0.2.0/24 , 10.0.0.0/8 } drop")
 	assert.Equal(t, 1, strings.Count(out, " ip saddr != { "), "only the ranged port has a firewall")
+}
+
+// TestConverterChangesMatchState drives one converter through random Service and
+// EndpointSlice changes, among them external IPs and node ports that clash, and
+// checks after each that its partial changes, applied to the state it handed out
+// before, give exactly the state (and the skipped ports) a converter built from
+// scratch gives, and that it falls back to the whole state while a destination
+// is contested.
+func TestConverterChangesMatchState(t *testing.T) {
+	rng := rand.New(rand.NewPCG(14, 1))
+	tr := servicemap.NewTracker(servicemap.Config{})
+	node := servicemap.Node{Name: "n1"}
+	svc := func(i int) *corev1.Service {
+		opts := []smt.ServiceOption{smt.ClusterIPs(fmt.Sprintf("10.96.0.%d", 10+i)), smt.Port("p", 80, corev1.ProtocolTCP)}
+		switch rng.IntN(4) {
+		case 0: // an external IP that another service may also claim
+			opts = append(opts, smt.ExternalIPs(fmt.Sprintf("192.0.2.%d", rng.IntN(3))))
+		case 1: // a node port that another service may also claim
+			opts = append(opts, smt.Type(corev1.ServiceTypeNodePort), smt.NodePort("p", 30000+int32(rng.IntN(3))))
+		case 2:
+			opts = append(opts, smt.ExternalTrafficPolicy(corev1.ServiceExternalTrafficPolicyLocal),
+				smt.Type(corev1.ServiceTypeNodePort), smt.NodePort("p", 31000+int32(i)), smt.HealthCheckNodePort(32000+int32(i)))
+		}
+		return smt.Service("default", fmt.Sprintf("s%d", i), opts...)
+	}
+	slice := func(i int) *discoveryv1.EndpointSlice {
+		var eps []discoveryv1.Endpoint
+		for j := range rng.IntN(3) {
+			eps = append(eps, smt.Endpoint(fmt.Sprintf("10.244.%d.%d", i, j), smt.OnNode(fmt.Sprintf("n%d", 1+rng.IntN(2)))))
+		}
+		return smt.EndpointSlice("default", fmt.Sprintf("s%d-1", i), fmt.Sprintf("s%d", i), discoveryv1.AddressTypeIPv4,
+			smt.SlicePort("p", 8080, corev1.ProtocolTCP), smt.Endpoints(eps...))
+	}
+	const n = 12
+	svcs, slcs := map[int]*corev1.Service{}, map[int]*discoveryv1.EndpointSlice{}
+	for i := range n {
+		svcs[i], slcs[i] = svc(i), slice(i)
+		tr.OnServiceAdd(svcs[i])
+		tr.OnEndpointSliceAdd(slcs[i])
+	}
+	c := newConverter(node)
+	c.apply(tr.Consume(), true)
+	last, _ := c.state()
+	partial, whole := 0, 0
+	for step := range 300 {
+		for range 1 + rng.IntN(3) {
+			i := rng.IntN(n)
+			switch rng.IntN(4) {
+			case 0:
+				if old, ok := svcs[i]; ok {
+					tr.OnServiceDelete(old)
+					delete(svcs, i)
+				} else {
+					svcs[i] = svc(i)
+					tr.OnServiceAdd(svcs[i])
+				}
+			case 1:
+				if old, ok := svcs[i]; ok {
+					svcs[i] = svc(i)
+					tr.OnServiceUpdate(old, svcs[i])
+				}
+			default:
+				old := slcs[i]
+				slcs[i] = slice(i)
+				tr.OnEndpointSliceUpdate(old, slcs[i])
+			}
+		}
+		upd := tr.Consume()
+		c.apply(upd, false)
+		fresh := newConverter(node)
+		fresh.apply(servicemap.Update{Snapshot: upd.Snapshot}, true)
+		want, wantSkips := fresh.state()
+		ch, skips, ok := c.changes()
+		var got *rules.State
+		if ok {
+			partial++
+			fake := &rulestest.Fake{}
+			require.NoError(t, fake.Sync(context.Background(), last))
+			require.NoError(t, fake.SyncChanges(context.Background(), ch), "step %d", step)
+			got = fake.Last()
+		} else {
+			whole++
+			got, skips = c.state()
+		}
+		require.Equal(t, want, got, "step %d", step)
+		require.Equal(t, wantSkips, skips, "step %d", step)
+		in, ex := c.noLocal()
+		fin, fex := fresh.noLocal()
+		require.Equal(t, []int{fin, fex}, []int{in, ex}, "step %d", step)
+		hp, hl := c.healthChecks()
+		fhp, fhl := fresh.healthChecks()
+		require.Equal(t, fhp, hp, "step %d", step)
+		require.Equal(t, fhl, hl, "step %d", step)
+		last = got
+	}
+	t.Logf("%d partial, %d whole", partial, whole)
+	assert.Positive(t, partial)
+	assert.Positive(t, whole)
+}
+
+// BenchmarkConvertOneChangeAt10k converts one changed port among 10,000 and
+// hands it out as the whole state or as changes.
+func BenchmarkConvertOneChangeAt10k(b *testing.B) {
+	for _, partial := range []bool{false, true} {
+		b.Run(map[bool]string{false: "state", true: "changes"}[partial], func(b *testing.B) {
+			tr := servicemap.NewTracker(servicemap.Config{})
+			const n = 10000
+			slcs := make([]*discoveryv1.EndpointSlice, n)
+			for i := range n {
+				tr.OnServiceAdd(smt.Service("bench", fmt.Sprintf("svc-%05d", i), smt.ClusterIPs(fmt.Sprintf("10.96.%d.%d", i/256, i%256)),
+					smt.Port("p", 80, corev1.ProtocolTCP)))
+				var eps []discoveryv1.Endpoint
+				for j := range 10 {
+					eps = append(eps, smt.Endpoint(fmt.Sprintf("10.%d.%d.%d", 100+j, i/256, i%256)))
+				}
+				slcs[i] = smt.EndpointSlice("bench", fmt.Sprintf("svc-%05d-1", i), fmt.Sprintf("svc-%05d", i), discoveryv1.AddressTypeIPv4,
+					smt.SlicePort("p", 8080, corev1.ProtocolTCP), smt.Endpoints(eps...))
+				tr.OnEndpointSliceAdd(slcs[i])
+			}
+			c := newConverter(servicemap.Node{Name: "n1"})
+			c.apply(tr.Consume(), true)
+			c.state()
+			i := 0
+			for b.Loop() {
+				i++
+				k := (i * 7919) % n
+				es := slcs[k].DeepCopy()
+				es.Endpoints[i%10].Addresses = []string{fmt.Sprintf("10.250.%d.%d", i/256%256, i%256)}
+				tr.OnEndpointSliceUpdate(slcs[k], es)
+				slcs[k] = es
+				c.apply(tr.Consume(), false)
+				if partial {
+					if _, _, ok := c.changes(); !ok {
+						b.Fatal("no changes")
+					}
+				} else {
+					c.state()
+				}
+			}
+		})
+	}
 }
