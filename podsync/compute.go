@@ -17,13 +17,14 @@ type computer struct {
 	runtimeName string
 	actions     Actions
 	killed      map[string]bool
+	actuated    func(string) (corev1.ResourceRequirements, bool)
 }
 
 func computeActions(pod *corev1.Pod, view *PodView, opts ActionOptions) Actions {
 	if view == nil {
 		view = &PodView{}
 	}
-	c := &computer{pod: pod, view: view, probes: opts.Probes, hash: opts.Hash, runtimeName: opts.RuntimeName, killed: map[string]bool{}}
+	c := &computer{pod: pod, view: view, probes: opts.Probes, hash: opts.Hash, runtimeName: opts.RuntimeName, killed: map[string]bool{}, actuated: opts.Actuated}
 	if c.runtimeName == "" {
 		c.runtimeName = DefaultRuntimeName
 	}
@@ -292,6 +293,8 @@ func (c *computer) compute() Actions {
 		} else if r, ok := c.probe(Startup, st.GetId()); ok && r == ProbeFailure {
 			msg = fmt.Sprintf("Container %s failed startup probe", ctr.Name)
 			reason = KillStartupProbe
+		} else if !c.resize(i, ctr, st) {
+			continue // resizePolicy RestartContainer: killed and started again
 		} else {
 			keep++
 			continue
@@ -306,6 +309,9 @@ func (c *computer) compute() Actions {
 		c.actions.KillPod = true
 		// Sidecars alone must not keep the pod alive.
 		c.actions.InitContainersToStart = nil
+	}
+	if !c.actions.UpdatePodResources {
+		c.actions.UpdatePodResources = c.startingResized()
 	}
 	return c.actions
 }

@@ -77,6 +77,8 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	s.ContainerStatuses = containerStatuses(pod, view, in, old.ContainerStatuses, pod.Spec.Containers, hasInits, false)
 	s.InitContainerStatuses = containerStatuses(pod, view, in, old.InitContainerStatuses, pod.Spec.InitContainers, hasInits, true)
 	setProbeFlags(pod, &s, in)
+	setResourceStatuses(pod, view, s.ContainerStatuses, old.ContainerStatuses, pod.Spec.Containers)
+	setResourceStatuses(pod, view, s.InitContainerStatuses, old.InitContainerStatuses, pod.Spec.InitContainers)
 
 	all := append(append([]corev1.ContainerStatus{}, s.ContainerStatuses...), s.InitContainerStatuses...)
 	s.Phase = phase(pod, all, in.Terminal, view.anyActiveRegular(pod))
@@ -93,7 +95,7 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	}
 
 	for _, c := range old.Conditions {
-		if !kubeletConditions[c.Type] {
+		if !kubeletConditions[c.Type] && !resizeConditions[c.Type] {
 			s.Conditions = append(s.Conditions, c)
 		}
 	}
@@ -118,6 +120,8 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	}
 	s.ObservedGeneration = pod.Generation
 	stampConditions(s.Conditions, old.Conditions, in.Now)
+	// The resize conditions carry the generation and times the agent gave them.
+	s.Conditions = append(s.Conditions, in.ResizeConditions...)
 
 	for _, ip := range in.HostIPs {
 		s.HostIPs = append(s.HostIPs, corev1.HostIP{IP: ip})
