@@ -56,12 +56,20 @@ func (m *podManager) admit(pod *corev1.Pod) (reason, message string, ok bool) {
 	if pod.Status.Phase == corev1.PodRunning {
 		return "", "", true
 	}
+	return m.fits(pod)
+}
+
+// fits checks pod's requests against the node's allocatable and the other
+// admitted pods' allocated requests: the predicate admit handler, for a new pod
+// and for a resize alike.
+func (m *podManager) fits(pod *corev1.Pod) (reason, message string, ok bool) {
 	alloc := m.cfg.node.allocatable()
 	m.mu.Lock()
 	var others []*corev1.Pod
 	for _, e := range m.pods {
 		if e.admitted && e.pod.UID != pod.UID && e.pod.Status.Phase != corev1.PodSucceeded && e.pod.Status.Phase != corev1.PodFailed {
-			others = append(others, e.pod)
+			allocated, _ := m.alloc.pod(e.pod)
+			others = append(others, allocated)
 		}
 	}
 	m.mu.Unlock()
