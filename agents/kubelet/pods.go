@@ -691,6 +691,7 @@ func (m *podManager) terminate(ctx context.Context, e *podEntry, pod *corev1.Pod
 	delete(m.pods, pod.UID)
 	m.mu.Unlock()
 	klog.V(2).InfoS("Pod removed from the node", "pod", klog.KObj(pod))
+	m.retryPendingResizes()
 	return true, nil
 }
 

@@ -226,6 +226,7 @@ func (m *podManager) handleResize(pod *corev1.Pod) *corev1.Pod {
 		m.alloc.setInProgress(pod.UID, "", "", pod.Generation)
 		m.events.Eventf(pod, corev1.EventTypeNormal, eventResizeStarted, "%s", resizeMessage(pod, pod.Generation, "", "Pod resize started"))
 		klog.V(2).InfoS("Pod resize admitted", "pod", klog.KObj(pod), "generation", pod.Generation)
+		m.retryPendingResizes() // it may have shrunk
 		return pod
 	}
 	if m.alloc.setPending(pod.UID, reason, message, pod.Generation) {
@@ -240,6 +241,21 @@ func (m *podManager) handleResize(pod *corev1.Pod) *corev1.Pod {
 		m.events.Eventf(pod, corev1.EventTypeWarning, typ, "%s", resizeMessage(pod, pod.Generation, message, "Pod resize "+shown))
 	}
 	return allocated
+}
+
+// retryPendingResizes wakes the pods whose resize is pending, so they are
+// admitted again now that resources may have been freed (RetryPendingResizes,
+// run when a pod leaves the node or another resize is admitted).
+func (m *podManager) retryPendingResizes() {
+	m.alloc.mu.Lock()
+	uids := make([]types.UID, 0, len(m.alloc.pending))
+	for uid := range m.alloc.pending {
+		uids = append(uids, uid)
+	}
+	m.alloc.mu.Unlock()
+	for _, uid := range uids {
+		m.wakePod(uid)
+	}
 }
 
 // resizeProgress updates PodResizeInProgress after a sync, as SyncPod does:
