@@ -293,7 +293,7 @@ func (c *computer) compute() Actions {
 		} else if r, ok := c.probe(Startup, st.GetId()); ok && r == ProbeFailure {
 			msg = fmt.Sprintf("Container %s failed startup probe", ctr.Name)
 			reason = KillStartupProbe
-		} else if !c.resize(i, ctr, st) {
+		} else if !c.resize(ctr, st, func() { c.actions.ContainersToStart = append(c.actions.ContainersToStart, i) }) {
 			continue // resizePolicy RestartContainer: killed and started again
 		} else {
 			keep++
@@ -400,8 +400,10 @@ func (c *computer) initActions() bool {
 				if r == ProbeFailure {
 					c.kill(st, ctr, KillLivenessProbe, fmt.Sprintf("Init container %s failed liveness probe", ctr.Name))
 					toStart = append(toStart, i)
+					break
 				}
 			}
+			c.resize(ctr, st, func() { toStart = append(toStart, i) })
 		case runtimeapi.ContainerState_CONTAINER_EXITED:
 			if sidecar {
 				toStart = append(toStart, i)

@@ -56,11 +56,11 @@ type ContainerUpdate struct {
 	Current *ResourceValues
 }
 
-// resize is computePodResizeAction for the running container ctr (index idx
-// in Spec.Containers): it records an in-place update, or a restart when the
-// resizePolicy asks for one. It returns false when the container is to be
-// restarted (killed and started again).
-func (c *computer) resize(idx int, ctr *corev1.Container, st *runtimeapi.ContainerStatus) bool {
+// resize is computePodResizeAction for the running container ctr (an app
+// container or a sidecar): it records an in-place update, or a restart when
+// the resizePolicy asks for one, calling start to start it again. It returns
+// false when the container is to be restarted.
+func (c *computer) resize(ctr *corev1.Container, st *runtimeapi.ContainerStatus, start func()) bool {
 	if c.actuated == nil || st.GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
 		return true
 	}
@@ -89,7 +89,7 @@ func (c *computer) resize(idx int, ctr *corev1.Container, st *runtimeapi.Contain
 	cpuReq, restartCPUReq := decide(corev1.ResourceCPU, desired.CPURequest, current.CPURequest)
 	if restartMemLim || restartMemReq || restartCPULim || restartCPUReq {
 		c.kill(st, ctr, KillUnknown, fmt.Sprintf("Container %s resize requires restart", ctr.Name))
-		c.actions.ContainersToStart = append(c.actions.ContainersToStart, idx)
+		start()
 		c.actions.UpdatePodResources = true
 		return false
 	}
@@ -130,10 +130,17 @@ func (c *computer) startingResized() bool {
 	if c.actuated == nil {
 		return false
 	}
-	for _, i := range c.actions.ContainersToStart {
-		ctr := &c.pod.Spec.Containers[i]
+	changed := func(ctr *corev1.Container) bool {
 		actuated, _ := c.actuated(ctr.Name)
-		if ResourceValuesOf(&ctr.Resources) != ResourceValuesOf(&actuated) {
+		return ResourceValuesOf(&ctr.Resources) != ResourceValuesOf(&actuated)
+	}
+	for _, i := range c.actions.InitContainersToStart {
+		if changed(&c.pod.Spec.InitContainers[i]) {
+			return true
+		}
+	}
+	for _, i := range c.actions.ContainersToStart {
+		if changed(&c.pod.Spec.Containers[i]) {
 			return true
 		}
 	}

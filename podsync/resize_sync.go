@@ -84,7 +84,7 @@ func (s *Syncer) initActuated(pod *corev1.Pod) {
 	s.actuated[pod.UID] = m
 }
 
-// ResizeInProgress reports whether a running container of pod (whose spec
+// ResizeInProgress reports whether a running app container or sidecar of pod (whose spec
 // holds the allocated resources) still runs with other cpu or memory values
 // than allocated (the kubelet's IsPodResizeInProgress): the agent keeps the
 // PodResizeInProgress condition while it does.
@@ -92,8 +92,14 @@ func (s *Syncer) ResizeInProgress(pod *corev1.Pod, view *PodView) bool {
 	if view == nil {
 		return false
 	}
-	for i := range pod.Spec.Containers {
-		ctr := &pod.Spec.Containers[i]
+	resizable := append([]corev1.Container{}, pod.Spec.Containers...)
+	for i := range pod.Spec.InitContainers {
+		if IsRestartableInitContainer(&pod.Spec.InitContainers[i]) {
+			resizable = append(resizable, pod.Spec.InitContainers[i])
+		}
+	}
+	for i := range resizable {
+		ctr := &resizable[i]
 		st := view.Latest(ctr.Name)
 		if st == nil || st.GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
 			continue

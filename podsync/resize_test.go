@@ -163,3 +163,32 @@ func TestResizeUpdateCarriesBothResources(t *testing.T) {
 		assert.Equal(t, "a1", mem[0].ContainerID)
 	}
 }
+
+func TestComputeActionsResizeSidecar(t *testing.T) {
+	sidecarResources := func(r corev1.ResourceRequirements, policy corev1.ResourceResizeRestartPolicy) func(*corev1.Pod) {
+		return func(p *corev1.Pod) {
+			p.Spec.InitContainers[0].Resources = r
+			p.Spec.InitContainers[0].ResizePolicy = []corev1.ContainerResizePolicy{{ResourceName: corev1.ResourceCPU, RestartPolicy: policy}}
+		}
+	}
+	v := view(ready(), cs{name: "sc", id: "sc1", state: running}, cs{name: "app", id: "a1", state: running}, cs{name: "side", id: "s1", state: running})
+	actuated := func(name string) (corev1.ResourceRequirements, bool) {
+		if name == "sc" {
+			return resources("100m", "", "", ""), true
+		}
+		return corev1.ResourceRequirements{}, true
+	}
+
+	got := ComputeActions(testPod(withSidecar("sc"), sidecarResources(resources("200m", "", "", ""), corev1.NotRequired)), v, ActionOptions{Actuated: actuated})
+	assert.Equal(t, map[corev1.ResourceName][]string{corev1.ResourceCPU: {"sc"}}, updateNames(got))
+	assert.Empty(t, got.ContainersToKill)
+	assert.Empty(t, got.InitContainersToStart)
+
+	got = ComputeActions(testPod(withSidecar("sc"), sidecarResources(resources("200m", "", "", ""), corev1.RestartContainer)), v, ActionOptions{Actuated: actuated})
+	assert.Empty(t, got.ContainersToUpdate)
+	if assert.Len(t, got.ContainersToKill, 1) {
+		assert.Equal(t, "Container sc resize requires restart", got.ContainersToKill[0].Message)
+	}
+	assert.Equal(t, []int{0}, got.InitContainersToStart)
+	assert.True(t, got.UpdatePodResources)
+}
