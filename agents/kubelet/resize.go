@@ -74,6 +74,9 @@ func (a *allocations) set(pod *corev1.Pod) {
 // pod returns pod with its containers' resources replaced by the allocated
 // ones (UpdatePodFromAllocation), and whether any differed.
 func (a *allocations) pod(pod *corev1.Pod) (*corev1.Pod, bool) {
+	if a == nil {
+		return pod, false // no allocation manager: the spec is the allocation
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	alloc, ok := a.allocated[pod.UID]

@@ -12,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 func resizePod(cpu string, gen int64) *corev1.Pod {
@@ -101,4 +103,42 @@ func TestPodCgroupConfigRead(t *testing.T) {
 	cfg, err = off.podConfig("/")
 	require.NoError(t, err)
 	assert.Nil(t, cfg.Memory)
+}
+
+func TestHandleResizeAdmitsAgainstAllocations(t *testing.T) {
+	ns, _, _ := newTestNode(t, fake.NewClientset(), &fakeRuntime{networkReady: true})
+	m := &podManager{cfg: podManagerConfig{node: ns}, pods: map[k8stypes.UID]*podEntry{},
+		alloc: newAllocations(time.Now), events: &eventAdapter{}}
+	// Capacity: 3 CPUs. "big" was allocated 2 cpus; its spec now asks for 500m
+	// but that resize is not admitted yet, so 2 cpus still count.
+	big := podWith("big", "2", "")
+	m.alloc.set(big)
+	shrinking := podWith("big", "500m", "")
+	m.pods[big.UID] = &podEntry{pod: shrinking, admitted: true}
+
+	small := podWith("small", "500m", "")
+	m.alloc.set(small)
+	m.pods[small.UID] = &podEntry{pod: small, admitted: true}
+
+	grown := podWith("small", "1500m", "")
+	grown.Generation = 2
+	got := m.handleResize(grown)
+	q := got.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU]
+	assert.Equal(t, "500m", q.String(), "the pod keeps running with its allocation")
+	conds := m.alloc.conditions(small.UID)
+	require.Len(t, conds, 1)
+	assert.Equal(t, corev1.PodResizePending, conds[0].Type)
+	assert.Equal(t, corev1.PodReasonDeferred, conds[0].Reason)
+	assert.Equal(t, "Node didn't have enough resource: cpu, requested: 1500, used: 2000, capacity: 3000", conds[0].Message)
+	assert.Equal(t, int64(2), conds[0].ObservedGeneration)
+
+	// Once big's shrink is admitted, small's resize fits.
+	m.handleResize(shrinking)
+	got = m.handleResize(grown)
+	q = got.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU]
+	assert.Equal(t, "1500m", q.String())
+	conds = m.alloc.conditions(small.UID)
+	require.Len(t, conds, 1)
+	assert.Equal(t, corev1.PodResizeInProgress, conds[0].Type)
+	assert.Equal(t, int64(2), conds[0].ObservedGeneration)
 }
