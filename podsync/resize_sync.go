@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -45,6 +46,15 @@ type PodCgroups interface {
 	CurrentPodCgroupConfig(pod *corev1.Pod) (PodCgroupConfig, error)
 	// SetPodCgroupConfig writes the fields of cfg that are set.
 	SetPodCgroupConfig(pod *corev1.Pod, cfg PodCgroupConfig) error
+}
+
+// MemoryUsage is optional on PodCgroups: with it, a resize that would set a
+// memory limit at or below what the pod or the container uses now is refused
+// before anything changes (validateMemoryResizeAction), instead of leaving the
+// kernel to reclaim or OOM-kill.
+type MemoryUsage interface {
+	PodMemoryUsage(pod *corev1.Pod) (int64, error)
+	ContainerMemoryUsage(pod *corev1.Pod, containerID string) (int64, error)
 }
 
 // actuatedResources returns what the container was last created or updated
@@ -136,6 +146,9 @@ func (s *Syncer) resizePod(ctx context.Context, pod *corev1.Pod, actions Actions
 			return fail("unable to get pod cgroup config for pod %q: %v", formatPod(pod), err)
 		}
 	}
+	if err := s.checkMemoryDecrease(pod, actions, desired, current); err != nil {
+		return fail("%v", err)
+	}
 	setPod := func(name corev1.ResourceName, limit bool) error {
 		if pcg == nil {
 			return nil
@@ -209,6 +222,52 @@ func (s *Syncer) resizePod(ctx context.Context, pod *corev1.Pod, actions Actions
 		if err := step(corev1.ResourceCPU, deref(current.CPUQuota), deref(desired.CPUQuota), curShares, newShares); err != nil {
 			return fail("%v", err)
 		}
+	}
+	return nil
+}
+
+// checkMemoryDecrease is validateMemoryResizeAction: a memory limit that is
+// added or lowered, for the pod or a container, must stay above current usage.
+func (s *Syncer) checkMemoryDecrease(pod *corev1.Pod, actions Actions, desired, current PodCgroupConfig) error {
+	usage, ok := s.cfg.PodCgroups.(MemoryUsage)
+	if !ok || (len(actions.ContainersToUpdate[corev1.ResourceMemory]) == 0 && !actions.UpdatePodResources) {
+		return nil
+	}
+	podDecreasing := desired.Memory != nil && (current.Memory == nil || *desired.Memory < *current.Memory)
+	type decrease struct {
+		name, id string
+		limit    int64
+	}
+	var containers []decrease
+	for _, u := range actions.ContainersToUpdate[corev1.ResourceMemory] {
+		if u.Desired.MemoryLimit != 0 && (u.Current.MemoryLimit == 0 || u.Desired.MemoryLimit < u.Current.MemoryLimit) {
+			containers = append(containers, decrease{u.Container.Name, u.ContainerID, u.Desired.MemoryLimit})
+		}
+	}
+	if !podDecreasing && len(containers) == 0 {
+		return nil
+	}
+	var errs []error
+	podUsage, err := usage.PodMemoryUsage(pod)
+	if err != nil {
+		return fmt.Errorf("unable to read memory usage for pod %q", formatPod(pod))
+	}
+	if podDecreasing && podUsage >= *desired.Memory {
+		errs = append(errs, fmt.Errorf("attempting to set pod memory limit (%d) below current usage (%d)", *desired.Memory, podUsage))
+	}
+	for _, c := range containers {
+		used, err := usage.ContainerMemoryUsage(pod, c.id)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("missing container %q memory usage", c.name))
+		case used >= c.limit:
+			// Upstream prints the pod's usage here, not the container's; kept so the
+			// message reads the same.
+			errs = append(errs, fmt.Errorf("attempting to set container %q memory limit (%d) below current usage (%d)", c.name, c.limit, podUsage))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("cannot decrease memory limits: %w", utilerrors.NewAggregate(errs))
 	}
 	return nil
 }

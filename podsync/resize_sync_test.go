@@ -164,3 +164,38 @@ func TestSyncPodResizeRuntimeError(t *testing.T) {
 	// The next sync retries and succeeds.
 	require.NoError(t, e.sync(newPod(limits("256Mi"))).Error())
 }
+
+// usageCgroups is fakePodCgroups with memory usage.
+type usageCgroups struct {
+	*fakePodCgroups
+	pod, container int64
+}
+
+func (u usageCgroups) PodMemoryUsage(*corev1.Pod) (int64, error) { return u.pod, nil }
+func (u usageCgroups) ContainerMemoryUsage(*corev1.Pod, string) (int64, error) {
+	return u.container, nil
+}
+
+func TestSyncPodResizeRefusesLimitBelowUsage(t *testing.T) {
+	var log []string
+	e := newEnv(t)
+	mem := int64(128 << 20)
+	shares := uint64(102)
+	pcg := usageCgroups{fakePodCgroups: &fakePodCgroups{log: &log, current: podsync.PodCgroupConfig{Memory: &mem, CPUShares: &shares}},
+		pod: 70 << 20, container: 65 << 20}
+	s, err := podsync.New(podsync.Config{Runtime: loggingRuntime{e.rt, &log}, Builder: e.builder, Clock: e.clk, PodCgroups: pcg})
+	require.NoError(t, err)
+	e.syncer = s
+	require.NoError(t, e.sync(newPod(limits("128Mi"))).Error())
+
+	res := e.sync(newPod(limits("64Mi")))
+	err = res.Error()
+	require.ErrorIs(t, err, podsync.ErrResizePodInPlace)
+	assert.Equal(t, "cannot decrease memory limits: [attempting to set pod memory limit (67108864) below current usage (73400320), "+
+		`attempting to set container "app" memory limit (67108864) below current usage (73400320)]`, podsync.Message(err))
+	assert.Empty(t, log, "nothing changed")
+
+	// Above usage it goes through.
+	require.NoError(t, e.sync(newPod(limits("96Mi"))).Error())
+	assert.Len(t, log, 2)
+}

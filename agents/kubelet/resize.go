@@ -315,6 +315,42 @@ func (r podResizer) SetPodCgroupConfig(pod *corev1.Pod, cfg podsync.PodCgroupCon
 	return r.c.set(r.c.podName(pod), resourceConfig{CPUShares: cfg.CPUShares, CPUQuota: cfg.CPUQuota, CPUPeriod: cfg.CPUPeriod, Memory: cfg.Memory})
 }
 
+var _ podsync.MemoryUsage = podResizer{}
+
+// PodMemoryUsage is the pod cgroup's memory usage (memory.usage_in_bytes, or
+// memory.current on v2), the figure the kubelet's stats give.
+func (r podResizer) PodMemoryUsage(pod *corev1.Pod) (int64, error) {
+	if !r.c.perQOS {
+		return 0, fmt.Errorf("pod %s has no pod cgroup (cgroupsPerQOS is off)", klog.KObj(pod))
+	}
+	return r.c.memoryUsage(r.c.podName(pod))
+}
+
+// ContainerMemoryUsage reads the container's cgroup, which containerd's
+// cgroupfs layout puts under the pod cgroup, named by the container ID.
+func (r podResizer) ContainerMemoryUsage(pod *corev1.Pod, containerID string) (int64, error) {
+	if !r.c.perQOS {
+		return 0, fmt.Errorf("pod %s has no pod cgroup (cgroupsPerQOS is off)", klog.KObj(pod))
+	}
+	return r.c.memoryUsage(r.c.podName(pod) + "/" + containerID)
+}
+
+func (c *podCgroups) memoryUsage(name string) (int64, error) {
+	p := filepath.Join(c.mountRoot, "memory", name, "memory.usage_in_bytes")
+	if c.v2 {
+		p = filepath.Join(c.mountRoot, name, "memory.current")
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0, fmt.Errorf("memory usage of cgroup %s: %w", name, err)
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("memory usage of cgroup %s: %w", name, err)
+	}
+	return v, nil
+}
+
 // set writes res into the existing cgroup name (the kubelet's
 // SetPodCgroupConfig); fields left nil are not touched.
 func (c *podCgroups) set(name string, res resourceConfig) error {

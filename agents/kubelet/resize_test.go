@@ -142,3 +142,24 @@ func TestHandleResizeAdmitsAgainstAllocations(t *testing.T) {
 	assert.Equal(t, corev1.PodResizeInProgress, conds[0].Type)
 	assert.Equal(t, int64(2), conds[0].ObservedGeneration)
 }
+
+func TestPodMemoryUsage(t *testing.T) {
+	root := t.TempDir()
+	c := &podCgroups{root: "/kubepods", perQOS: true, mountRoot: root}
+	pod := resizePod("100m", 1)
+	name := c.podName(pod)
+	for dir, v := range map[string]string{name: "73400320\n", name + "/abc": "1048576\n"} {
+		p := filepath.Join(root, "memory", dir, "memory.usage_in_bytes")
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(v), 0o644))
+	}
+	r := podResizer{c}
+	used, err := r.PodMemoryUsage(pod)
+	require.NoError(t, err)
+	assert.Equal(t, int64(73400320), used)
+	used, err = r.ContainerMemoryUsage(pod, "abc")
+	require.NoError(t, err)
+	assert.Equal(t, int64(1048576), used)
+	_, err = r.ContainerMemoryUsage(pod, "gone")
+	assert.ErrorContains(t, err, "gone")
+}
