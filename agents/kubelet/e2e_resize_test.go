@@ -200,4 +200,30 @@ func TestKubeletPodResize(t *testing.T) {
 		assert.Equal(t, "1024", cgroupFile(t, "cpu", ctrCg(got, "app"), "cpu.shares"))
 		assert.Equal(t, appID, statusOf(got, "app").ContainerID)
 	})
+
+	t.Run("a memory limit below what the container uses is refused (Error) until usage drops", func(t *testing.T) {
+		resize(t, containers(res("app", "1", "1", "32Mi", "128Mi")))
+		got := n.waitPod(t, "resize", 60*time.Second, "resize actuated", resized(5))
+		out, code := n.exec(t, got, "dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=40")
+		require.Equal(t, 0, code, out)
+
+		resize(t, containers(res("app", "1", "1", "16Mi", "24Mi")))
+		got = n.waitPod(t, "resize", 30*time.Second, "PodResizeInProgress Error", func(p *corev1.Pod) bool {
+			c := resizeCondition(p, corev1.PodResizeInProgress)
+			return c != nil && c.Reason == corev1.PodReasonError
+		})
+		c := resizeCondition(got, corev1.PodResizeInProgress)
+		assert.Contains(t, c.Message, `cannot decrease memory limits: attempting to set container "app" memory limit (25165824) below current usage (`)
+		assert.Equal(t, int64(6), c.ObservedGeneration)
+		assert.Equal(t, strconv.Itoa(128<<20), cgroupFile(t, "memory", ctrCg(got, "app"), "memory.limit_in_bytes"), "nothing changed")
+		eventually(t, 10*time.Second, "ResizeError event", func() (bool, string) {
+			evs := n.events(t, "resize")
+			return hasEvent(evs, "ResizeError", "Pod resize error"), fmt.Sprint(evs)
+		})
+
+		_, code = n.exec(t, got, "rm", "/dev/shm/fill")
+		require.Equal(t, 0, code)
+		got = n.waitPod(t, "resize", 45*time.Second, "resize actuated once usage dropped (the worker retries a failed sync after 10s)", resized(6))
+		assert.Equal(t, strconv.Itoa(24<<20), cgroupFile(t, "memory", ctrCg(got, "app"), "memory.limit_in_bytes"))
+	})
 }
