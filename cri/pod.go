@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	utilsysctl "k8s.io/component-helpers/node/util/sysctl"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/dump"
 )
@@ -149,8 +150,10 @@ func PodSandboxConfig(pod *corev1.Pod, opts PodOptions) (*runtimeapi.PodSandboxC
 			sc.SupplementalGroups = append(sc.SupplementalGroups, *psc.FSGroup)
 		}
 		sc.SupplementalGroups = append(sc.SupplementalGroups, psc.SupplementalGroups...)
+		// The kubelet hands the runtime dot-separated names: kernel/shm_rmid_forced
+		// becomes kernel.shm_rmid_forced, as sysctl.d(5) reads them.
 		for _, s := range psc.Sysctls {
-			sysctls[s.Name] = s.Value
+			sysctls[utilsysctl.NormalizeName(s.Name)] = s.Value
 		}
 	}
 	cfg.Linux = &runtimeapi.LinuxPodSandboxConfig{CgroupParent: opts.CgroupParent, SecurityContext: sc, Sysctls: sysctls}
@@ -168,7 +171,9 @@ func PodSandboxConfig(pod *corev1.Pod, opts PodOptions) (*runtimeapi.PodSandboxC
 // no_new_privs). imageRef is the resolved image (PullImage's answer); "" sends the
 // container's image as written. Env entries with valueFrom, volume mounts, devices,
 // the OOM score adjustment, seccomp/AppArmor/SELinux and masked /proc paths are left
-// to the caller.
+// to the caller. name may be an init, app or ephemeral container's; an ephemeral
+// container's targetContainerName (the PID namespace of another container) needs
+// that container's runtime ID, which the caller sets (NamespaceMode_TARGET).
 func ContainerConfig(pod *corev1.Pod, name string, restartCount int, imageRef string) (*runtimeapi.ContainerConfig, error) {
 	if err := validatePod(pod); err != nil {
 		return nil, err
@@ -182,6 +187,11 @@ func ContainerConfig(pod *corev1.Pod, name string, restartCount int, imageRef st
 	for i := range pod.Spec.Containers {
 		if pod.Spec.Containers[i].Name == name {
 			container = &pod.Spec.Containers[i]
+		}
+	}
+	for i := range pod.Spec.EphemeralContainers {
+		if pod.Spec.EphemeralContainers[i].Name == name {
+			container = (*corev1.Container)(&pod.Spec.EphemeralContainers[i].EphemeralContainerCommon)
 		}
 	}
 	if container == nil {

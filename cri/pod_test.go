@@ -314,3 +314,28 @@ func TestContainerHash(t *testing.T) {
 	assert.NotEqual(t, h, cri.ContainerHash(&corev1.Container{Name: "web", Image: "nginx:1.27"}))
 	assert.LessOrEqual(t, h, uint64(1<<32-1), "a 32-bit FNV hash")
 }
+
+func TestContainerConfigEphemeral(t *testing.T) {
+	pod := testPod()
+	pod.Spec.EphemeralContainers = []corev1.EphemeralContainer{{
+		EphemeralContainerCommon: corev1.EphemeralContainerCommon{
+			Name: "debugger", Image: "busybox:1.36", Command: []string{"sh"}, Stdin: true, TTY: true,
+		},
+		TargetContainerName: "nginx",
+	}}
+	got, err := cri.ContainerConfig(pod, "debugger", 0, "")
+	require.NoError(t, err)
+	assert.Equal(t, "debugger", got.Metadata.Name)
+	assert.Equal(t, "debugger", got.Labels["io.kubernetes.container.name"])
+	assert.Equal(t, "busybox:1.36", got.Image.Image)
+	assert.Equal(t, []string{"sh"}, got.Command)
+	assert.True(t, got.Stdin)
+	assert.True(t, got.Tty)
+	assert.Equal(t, "debugger/0.log", got.LogPath)
+	// The target's PID namespace needs the target's runtime ID, which the caller
+	// sets; the config itself keeps the pod's modes.
+	assert.Equal(t, runtimeapi.NamespaceMode_CONTAINER, got.Linux.SecurityContext.NamespaceOptions.Pid)
+
+	_, err = cri.ContainerConfig(pod, "nope", 0, "")
+	require.ErrorIs(t, err, cri.ErrInvalidPod)
+}

@@ -9,7 +9,12 @@
 #                                                    static) on the project's busybox, as /agnhost,
 #                                                    with the dig/getent, curl and nc stand-ins
 #   registry.k8s.io/e2e-test-images/agnhost:2.55     STAND-IN: the same 2.66.1 binary, its own digest
-#   registry.k8s.io/e2e-test-images/busybox:1.37.0-2 the project's busybox (hack/setup-containerd.sh)
+#   registry.k8s.io/e2e-test-images/busybox:1.37.0-2 the project's busybox image (hack/setup-containerd.sh)
+#                                                    with its binary swapped for hack/build-busybox.sh's:
+#                                                    the same Debian 1.35 busybox, whose ash keeps
+#                                                    environment entries such as data-1=value-1 for
+#                                                    its children as upstream's 1.37 does; every
+#                                                    applet also linked into /bin as upstream's
 #   registry.k8s.io/e2e-test-images/nginx:1.27.0-2   STAND-IN: busybox httpd serving
 #   registry.k8s.io/e2e-test-images/nginx:1.28.0-2   STAND-IN  /usr/share/nginx/html on port 80
 #   registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1
@@ -43,6 +48,7 @@ e2e_test=$("$root/hack/build-e2e.sh")
 agnhost=$(dirname "$e2e_test")/agnhost
 base_images=${NODEKIT_IMAGES_DIR:-$("$root/hack/setup-containerd.sh")}
 base_tar() { awk -v r="$1" '$1 == r {print $3}' "$base_images/images.tsv"; }
+e2e_busybox=$("$root/hack/build-busybox.sh")
 busybox_tar=$base_images/$(base_tar busybox)
 pause_tar=$base_images/$(base_tar pause)
 pause_name=$(awk '$1 == "pause" {print $2}' "$base_images/images.tsv")
@@ -58,7 +64,7 @@ k8s_src=$(cd "$root/upstream/e2e" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 deb_sha() { apt-cache show --no-all-versions "$1" 2>/dev/null | awk '/^SHA256:/ {print $2; exit}'; }
 shell_debs="$(deb_sha busybox) $(deb_sha libc6)"
 key=$( (echo "$shell_debs"; cat "$0" "$root"/upstream/e2e/cmd/dig/main.go "$root"/upstream/e2e/cmd/curl/main.go "$root"/upstream/e2e/cmd/nc/main.go "$root"/upstream/e2e/go.sum; go version
-  sha256sum "$agnhost" "$busybox_tar" "$pause_tar" "$k8s_src"/test/images/agnhost/porter/localhost.*) |
+  sha256sum "$agnhost" "$busybox_tar" "$e2e_busybox" "$pause_tar" "$k8s_src"/test/images/agnhost/porter/localhost.*) |
   sha256sum | cut -c1-16)
 base=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/e2e-images
 out=$base/$key
@@ -158,6 +164,19 @@ add_dns_tools() {
 name=$registry/busybox:1.37.0-2
 log "building $name"
 unpack_busybox "$work/busybox"
+# The ConfigMap and Secret env specs read data-1=value-1 back through `sh -c env`:
+# Debian's ash would drop it (see hack/build-busybox.sh). The rebuilt binary has the same
+# applets, so every applet link of the layer (hard links to one inode) now runs it.
+"$work/busybox/bin/busybox" --list-full | sort >"$work/applets.want"
+cp "$e2e_busybox" "$work/busybox/bin/busybox"
+"$work/busybox/bin/busybox" --list-full | sort | cmp -s - "$work/applets.want" ||
+  { log "$e2e_busybox has other applets than $busybox_tar's busybox"; exit 1; }
+# Upstream's image is the official busybox, every applet in /bin; Debian's layout puts
+# some in /sbin and /usr/{s,}bin, and specs run e.g. /bin/sysctl: link those into /bin too.
+for applet in "$work"/busybox/{sbin,usr/bin,usr/sbin}/*; do
+  [ "$applet" -ef "$work/busybox/bin/busybox" ] || continue
+  [ -e "$work/busybox/bin/${applet##*/}" ] || ln "$work/busybox/bin/busybox" "$work/busybox/bin/${applet##*/}"
+done
 pack "$name" "$work/busybox" "{\"Env\":[$path_env],\"Cmd\":[\"sh\"]}" "$work/out/busybox.tar"
 printf 'busybox\t%s\tbusybox.tar\n' "$name" >>"$work/out/images.tsv"
 

@@ -7,7 +7,9 @@
 #   options: --keep (leave the cluster up afterwards), --no-doc (do not touch docs/conformance.md),
 #            --timeout=DURATION (stop e2e.test after this long, default 24h: the specs not
 #            reached are listed as "not run"), --focus=REGEX (instead of focus.txt, the
-#            [Conformance] specs whose names match REGEX, to rerun a few; implies --no-doc)
+#            [Conformance] specs whose names match REGEX, to rerun a few; implies --no-doc),
+#            --parallel=N (run the specs not marked [Serial] in N Ginkgo processes, through
+#            the ginkgo CLI built once from the module proxy, then the [Serial] ones alone)
 #
 # Steps: builds e2e.test and agnhost (hack/build-e2e.sh) and the test images
 # (hack/build-e2e-images.sh), brings up `nodekit up --nodes 2 --detach` (through hack/up.sh,
@@ -24,7 +26,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 log() { echo "conformance: $*" >&2; }
 
-mode=full keep=0 doc=1 timeout=24h extra=
+mode=full keep=0 doc=1 timeout=24h extra= parallel=1
 for arg in "$@"; do
   case $arg in
     --smoke) mode=smoke ;;
@@ -32,7 +34,8 @@ for arg in "$@"; do
     --no-doc) doc=0 ;;
     --timeout=*) timeout=${arg#--timeout=} ;;
     --focus=*) extra=${arg#--focus=} doc=0 ;;
-    *) log "unknown argument $arg (want --smoke, --keep, --no-doc, --timeout=DURATION, --focus=REGEX)"; exit 2 ;;
+    --parallel=*) parallel=${arg#--parallel=} ;;
+    *) log "unknown argument $arg (want --smoke, --keep, --no-doc, --timeout=DURATION, --focus=REGEX, --parallel=N)"; exit 2 ;;
   esac
 done
 if [ "$(id -u)" -ne 0 ]; then
@@ -72,9 +75,11 @@ focus=$(regex "$lists/focus.txt")
 [ "$mode" = smoke ] && focus=$(regex "$lists/smoke.txt")
 skip=$(skip_regex)
 # Ginkgo ORs repeated --ginkgo.focus flags: one expression makes "in the list AND conformance".
-selection="(?:$focus).*\\[Conformance\\]"
 # --focus replaces the list (Go's regexp has no lookahead to AND the two).
-[ -n "$extra" ] && selection="(?:$extra).*\\[Conformance\\]"
+[ -n "$extra" ] && focus=$extra
+selection="(?:$focus).*\\[Conformance\\]"
+
+case $parallel in '' | *[!0-9]* | 0) log "--parallel wants a count of processes, not $parallel"; exit 2 ;; esac
 
 e2e_test=$("$root/hack/build-e2e.sh")
 images=$("$root/hack/build-e2e-images.sh")
@@ -118,14 +123,59 @@ while IFS=$'\t' read -r _ _ tar; do tars+=("$images/$tar"); done <"$images/image
 "$nodekit" load --state-dir "$state" "${tars[@]}" >&2
 export KUBECONFIG=$state/kubeconfig
 
-cmd=("$e2e_test" --provider=skeleton --kubeconfig="$KUBECONFIG" --kubectl-path="$peers/kubectl"
-  --report-dir="$out/junit" --ginkgo.json-report="$out/report.json" --ginkgo.no-color
-  --ginkgo.timeout="$timeout" --ginkgo.focus="$selection")
-[ -n "$skip" ] && cmd+=(--ginkgo.skip="$skip")
-log "running e2e.test ($mode selection), log in $out/e2e.log"
+args=(--provider=skeleton --kubeconfig="$KUBECONFIG" --kubectl-path="$peers/kubectl" --report-dir="$out/junit")
 rc=0
-# From the report dir: whatever e2e.test leaves in its working directory lands there.
-(cd "$out" && "${cmd[@]}") >"$out/e2e.log" 2>&1 || rc=$?
+if [ "$parallel" = 1 ]; then
+  cmd=("$e2e_test" "${args[@]}" --ginkgo.json-report="$out/report.json" --ginkgo.no-color
+    --ginkgo.timeout="$timeout" --ginkgo.focus="$selection")
+  [ -n "$skip" ] && cmd+=(--ginkgo.skip="$skip")
+  log "running e2e.test ($mode selection), log in $out/e2e.log"
+  # From the report dir: whatever e2e.test leaves in its working directory lands there.
+  (cd "$out" && "${cmd[@]}") >"$out/e2e.log" 2>&1 || rc=$?
+else
+  # The ginkgo CLI at the version e2e.test is built with, cached beside the other tools.
+  ginkgo_version=$(cd "$root/upstream/e2e" && go list -m -f '{{.Version}}' github.com/onsi/ginkgo/v2)
+  tools=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/tools/ginkgo-$ginkgo_version
+  if [ ! -x "$tools/ginkgo" ]; then
+    log "building the ginkgo CLI $ginkgo_version"
+    GOBIN=$tools CGO_ENABLED=0 go install "github.com/onsi/ginkgo/v2/ginkgo@$ginkgo_version" >&2
+  fi
+  # [Serial] is a Ginkgo label in Kubernetes' e2e (and text in the name), not Ginkgo's
+  # Serial decorator, so the parallel pass filters those specs out and a second,
+  # single-process pass runs only them.
+  parallel_args=(--nodes="$parallel" --no-color --timeout="$timeout" --focus="$selection"
+    --label-filter='!Serial' --json-report=report-parallel.json --output-dir="$out")
+  [ -n "$skip" ] && parallel_args+=(--skip="$skip")
+  log "running e2e.test ($mode selection) in $parallel processes, log in $out/e2e.log"
+  (cd "$out" && "$tools/ginkgo" "${parallel_args[@]}" "$e2e_test" -- "${args[@]}") >"$out/e2e.log" 2>&1 || rc=$?
+  cmd=("$e2e_test" "${args[@]}" --ginkgo.json-report="$out/report-serial.json" --ginkgo.no-color
+    --ginkgo.timeout="$timeout" --ginkgo.focus="$selection" --ginkgo.label-filter=Serial)
+  [ -n "$skip" ] && cmd+=(--ginkgo.skip="$skip")
+  log "running the [Serial] specs alone, log in $out/e2e-serial.log"
+  (cd "$out" && "${cmd[@]}") >"$out/e2e-serial.log" 2>&1 || rc=$?
+  # One report for report.py: each pass reports the other's specs as skipped, so a spec
+  # takes the state of the pass that ran it.
+  python3 - "$out/report.json" "$out/report-parallel.json" "$out/report-serial.json" <<'PY'
+import json, os, sys
+merged, order, base = {}, [], None
+for path in sys.argv[2:]:
+    if not os.path.exists(path):
+        continue
+    with open(path) as f:
+        for suite in json.load(f):
+            base = base or suite
+            for spec in suite.get("SpecReports") or []:
+                key = (tuple(spec.get("ContainerHierarchyTexts") or []), spec.get("LeafNodeText"), spec.get("LeafNodeType"))
+                if key not in merged:
+                    order.append(key)
+                if key not in merged or merged[key].get("State") == "skipped":
+                    merged[key] = spec
+if base is not None:
+    base["SpecReports"] = [merged[k] for k in order]
+with open(sys.argv[1], "w") as f:
+    json.dump([base] if base else [], f)
+PY
+fi
 finished=$(date +%s)
 
 if [ "$doc" = 1 ]; then
@@ -136,6 +186,7 @@ if [ "$doc" = 1 ]; then
     echo "- e2e.test $("$e2e_test" --version 2>/dev/null | head -1 || echo v1.37.2) (hack/build-e2e.sh), peers $("$peers/kube-apiserver" --version), nodekit $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo '+changes')"
     echo "- cluster: \`nodekit up --nodes 2\` (nodekit's kubelet and kube-proxy, containerd $(containerd --version | awk '{print $3}'), runc, CoreDNS)"
     echo "- command: \`sudo ./hack/conformance.sh $*\`, that is \`e2e.test --provider=skeleton --ginkgo.focus='(?:<hack/conformance/$([ "$mode" = smoke ] && echo smoke || echo focus).txt>).*\\[Conformance\\]' --ginkgo.skip='<hack/conformance/skip.txt>'\`"
+    [ "$parallel" != 1 ] && echo "- parallel: \`ginkgo --nodes=$parallel\` for the specs not marked [Serial], then the [Serial] ones in one process"
     echo "- wall time: e2e.test $((finished - up)) s; cluster up $((up - built)) s; builds $((built - start)) s"
   } >"$header"
   summary=$(python3 "$lists/report.py" "$out/scope.json" "$out/report.json" "$lists/skip.txt" \

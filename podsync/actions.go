@@ -58,6 +58,9 @@ type Actions struct {
 	InitContainersToStart []int
 	// ContainersToStart are indexes into Spec.Containers.
 	ContainersToStart []int
+	// EphemeralContainersToStart are indexes into Spec.EphemeralContainers: the
+	// ones the runtime has never run (they start once, before init containers).
+	EphemeralContainersToStart []int
 	// ContainersToKill, in the order found (init containers, then app containers).
 	ContainersToKill []KillAction
 	// ContainersToUpdate are the running containers resized in place, per

@@ -259,6 +259,7 @@ func (c *computer) compute() Actions {
 		return c.actions
 	}
 
+	c.ephemeralActions()
 	initialized := c.initActions()
 	if c.actions.KillPod || !initialized {
 		return c.actions

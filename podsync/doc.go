@@ -12,7 +12,9 @@
 // function, decides the next step as the kubelet's computePodActions does.
 // A Syncer executes it: SyncPod creates the sandbox, pulls images, starts init
 // containers one at a time, sidecars (restartPolicy Always init containers)
-// and app containers, runs postStart hooks and honours the restart back-off;
+// and app containers, and ephemeral containers (once, never restarted, in the
+// PID namespace of their targetContainerName), runs postStart hooks and
+// honours the restart back-off;
 // KillPod runs preStop hooks and stops containers within the grace period
 // (app containers first, sidecars after them in reverse order), then the
 // sandboxes; RemovePod deletes what is left. PodStatus, also pure, computes

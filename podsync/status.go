@@ -51,6 +51,10 @@ type StatusInput struct {
 // qosClass. pod.Status is read as the previous status: restart counts and
 // terminated states survive containers the runtime has removed, and
 // unchanged conditions keep their lastTransitionTime. It is pure.
+//
+// Ephemeral container statuses are made as the others, except that the prober
+// leaves them alone (never ready, started unset) and they count for neither
+// phase nor conditions.
 func PodStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus {
 	return podStatus(pod, view, in)
 }

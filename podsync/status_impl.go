@@ -76,6 +76,7 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	hasInits := len(pod.Spec.InitContainers) > 0
 	s.ContainerStatuses = containerStatuses(pod, view, in, old.ContainerStatuses, pod.Spec.Containers, hasInits, false)
 	s.InitContainerStatuses = containerStatuses(pod, view, in, old.InitContainerStatuses, pod.Spec.InitContainers, hasInits, true)
+	s.EphemeralContainerStatuses = containerStatuses(pod, view, in, old.EphemeralContainerStatuses, ephemeralSpecs(pod), hasInits, false)
 	setProbeFlags(pod, &s, in)
 	setResourceStatuses(pod, view, s.ContainerStatuses, old.ContainerStatuses, pod.Spec.Containers)
 	setResourceStatuses(pod, view, s.InitContainerStatuses, old.InitContainerStatuses, pod.Spec.InitContainers)

@@ -352,9 +352,31 @@ func TestTerminationMessage(t *testing.T) {
 	assert.Equal(t, string(long[5000-4096:]), TerminationMessage(mk(corev1.TerminationMessageReadFile, 1, "/long"), files), "last 4096 bytes")
 	assert.Contains(t, TerminationMessage(mk(corev1.TerminationMessageReadFile, 1, "/broken"), files), "Error on reading termination log /broken")
 
+	// `echo -n DONE; false`: containerd writes the unterminated output as a
+	// partial record, and its text is the whole message, without a newline.
+	files["/logs/nonl"] = "2026-12-03T06:00:00.000000000Z stdout P DONE\n"
+	nonl := mk(corev1.TerminationMessageFallbackToLogsOnError, 1, "/empty")
+	nonl.LogPath = "/logs/nonl"
+	assert.Equal(t, "DONE", TerminationMessage(nonl, files), "a trailing partial record")
+	nonl.Reason = "ContainerCannotRun"
+	assert.Equal(t, "", TerminationMessage(nonl, files), "no fallback when the container could not run")
+	// Records that do not parse are skipped; the tail counts raw records.
+	files["/logs/mixed"] = "garbage\n2026-12-03T06:00:00Z stdin F no\n2026-12-03T06:00:00Z stderr P a\n2026-12-03T06:00:01Z stderr F b\n"
+	nonl.Reason, nonl.LogPath = "Error", "/logs/mixed"
+	assert.Equal(t, "ab\n", TerminationMessage(nonl, files))
+	var partials string
+	for i := 0; i < 100; i++ {
+		partials += fmt.Sprintf("2026-12-03T06:00:00.000000000Z stdout P %02d\n", i)
+	}
+	files["/logs/partials"] = partials
+	nonl.LogPath = "/logs/partials"
+	got := TerminationMessage(nonl, files)
+	assert.True(t, strings.HasPrefix(got, "2021"), "the last 80 records, partial ones too: %q", got)
+	assert.True(t, strings.HasSuffix(got, "9899"), "%q", got)
+
 	big := mk(corev1.TerminationMessageFallbackToLogsOnError, 1, "/empty")
 	big.LogPath = "/logs/big"
-	got := TerminationMessage(big, files)
+	got = TerminationMessage(big, files)
 	assert.True(t, strings.HasPrefix(got, "line 020\n"), "only the last 80 lines: %q", got[:20])
 	assert.True(t, strings.HasSuffix(got, "line 099\n"))
 

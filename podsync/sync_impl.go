@@ -61,6 +61,9 @@ func containerRef(pod *corev1.Pod, ctr *corev1.Container) *corev1.ObjectReferenc
 			field = fmt.Sprintf("spec.initContainers{%s}", ctr.Name)
 		}
 	}
+	if isEphemeral(pod, ctr.Name) {
+		field = fmt.Sprintf("spec.ephemeralContainers{%s}", ctr.Name)
+	}
 	return &corev1.ObjectReference{
 		Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
 		ResourceVersion: pod.ResourceVersion, FieldPath: field,
@@ -178,7 +181,8 @@ func (s *Syncer) syncPod(ctx context.Context, pod *corev1.Pod, view *PodView) *S
 	if len(actions.ContainersToUpdate) > 0 || actions.UpdatePodResources {
 		res.add(ActionResizePodInPlace, formatPod(pod), s.resizePod(ctx, pod, actions))
 	}
-	if !actions.CreateSandbox && len(actions.InitContainersToStart) == 0 && len(actions.ContainersToStart) == 0 {
+	if !actions.CreateSandbox && len(actions.InitContainersToStart) == 0 && len(actions.ContainersToStart) == 0 &&
+		len(actions.EphemeralContainersToStart) == 0 {
 		return res
 	}
 	sbCfg, err := s.cfg.Builder.SandboxConfig(ctx, pod, actions.Attempt)
@@ -195,6 +199,11 @@ func (s *Syncer) syncPod(ctx context.Context, pod *corev1.Pod, view *PodView) *S
 			log.V(2).Info("Container start failed", "container", ctr.Name, "err", err)
 		}
 		return err
+	}
+	// Ephemeral containers first, so a failing init container does not keep a
+	// debugger out.
+	for _, i := range actions.EphemeralContainersToStart {
+		_ = start(ephemeralAsContainer(pod, i))
 	}
 	for _, i := range actions.InitContainersToStart {
 		ctr := &pod.Spec.InitContainers[i]
@@ -311,10 +320,7 @@ func (s *Syncer) startContainer(ctx context.Context, pod *corev1.Pod, ctr *corev
 		break
 	}
 
-	metricType := MetricContainer
-	if ref.FieldPath != fmt.Sprintf("spec.containers{%s}", ctr.Name) {
-		metricType = MetricInitContainer
-	}
+	metricType := metricType(pod, ctr)
 	s.cfg.Metrics.ContainerStarted(metricType)
 	err := s.startContainerSteps(ctx, pod, ctr, view, sandboxID, sbCfg, podIPs, ref, what)
 	if err != nil {
@@ -335,12 +341,18 @@ func (s *Syncer) startContainerSteps(ctx context.Context, pod *corev1.Pod, ctr *
 	if latest := view.Latest(ctr.Name); latest != nil {
 		restartCount = RestartCount(latest) + 1
 	}
+	target, err := ephemeralTarget(pod, ctr, view)
+	if err != nil {
+		s.event(ref, corev1.EventTypeWarning, EventFailed, "Error: %v", err)
+		return failure(ErrCreateContainerConfig, err.Error(), "%s", what)
+	}
 	cfg, err := s.cfg.Builder.ContainerConfig(ctx, pod, ctr, restartCount, imageRef, podIPs)
 	if err != nil {
 		msg := grpcMessage(err)
 		s.event(ref, corev1.EventTypeWarning, EventFailed, "Error: %v", msg)
 		return failure(ErrCreateContainerConfig, msg, "%s", what)
 	}
+	joinTargetPID(cfg, target)
 	// Created with the pod's (allocated) resources: they are now actuated.
 	s.setActuated(pod.UID, ctr.Name, ctr.Resources)
 	id, err := s.cfg.Runtime.CreateContainer(ctx, sandboxID, cfg, sbCfg)

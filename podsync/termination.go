@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -84,12 +84,14 @@ func readTail(files FileReader, path string, limit int64) ([]byte, error) {
 // TerminationMessage returns the termination message of an exited container as
 // the kubelet finds it: the last 4096 bytes of the host file mounted at the
 // container's terminationMessagePath (from its annotation); or, with policy
-// FallbackToLogsOnError, a non-zero exit code and no file content, the last
-// 2048 bytes of the last 80 lines of its CRI log.
+// FallbackToLogsOnError, a non-zero exit code (and a reason other than
+// ContainerCannotRun) and no file content, the last 2048 bytes of the last 80
+// records of its CRI log.
 func TerminationMessage(c *runtimeapi.ContainerStatus, files FileReader) string {
 	path := c.GetAnnotations()[AnnotationTerminationMessagePath]
+	// A container that could not even be started has no log to fall back to.
 	fallback := c.GetAnnotations()[AnnotationTerminationMessagePolicy] == string(corev1.TerminationMessageFallbackToLogsOnError) &&
-		c.GetExitCode() != 0
+		c.GetExitCode() != 0 && c.GetReason() != "ContainerCannotRun"
 	checkLogs := fallback
 	var msg string
 	if path != "" {
@@ -125,37 +127,68 @@ func TerminationMessage(c *runtimeapi.ContainerStatus, files FileReader) string 
 	return lastLogText(data)
 }
 
-// lastLogText decodes a CRI log ("<time> <stream> <P|F> <text>" per line),
-// joins partial lines, and keeps the last MaxTerminationMessageLogLength bytes
-// of the last MaxTerminationMessageLogLines lines.
+// lastLogText decodes a CRI log ("<time> <stream> <P|F> <text>" per record) as
+// the kubelet's log reader does with a tail of MaxTerminationMessageLogLines:
+// it starts at the last 80 newline-terminated records and writes up to 80
+// records from there, a full record's text with its newline and a partial
+// one's without (so `echo -n DONE` reads "DONE"); records that do not parse
+// are skipped. Of what it writes, the last MaxTerminationMessageLogLength
+// bytes are kept.
 func lastLogText(data []byte) string {
-	var lines []string
-	var partial strings.Builder
-	for _, raw := range bytes.Split(data, []byte("\n")) {
-		if len(raw) == 0 {
+	// The record after the (80+1)th newline from the end starts the tail.
+	start, seen := 0, 0
+	for i := len(data) - 1; i >= 0; i-- {
+		if data[i] != '\n' {
 			continue
 		}
-		f := strings.SplitN(string(raw), " ", 4)
-		if len(f) < 3 {
-			continue
+		if seen++; seen > MaxTerminationMessageLogLines {
+			start = i + 1
+			break
 		}
-		text := ""
-		if len(f) == 4 {
-			text = f[3]
-		}
-		partial.WriteString(text)
-		if f[2] == "P" {
-			continue
-		}
-		lines = append(lines, partial.String()+"\n")
-		partial.Reset()
 	}
-	if len(lines) > MaxTerminationMessageLogLines {
-		lines = lines[len(lines)-MaxTerminationMessageLogLines:]
+	var out []byte
+	written := 0
+	for rest := data[start:]; len(rest) > 0 && written < MaxTerminationMessageLogLines; {
+		rec := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			rec, rest = rest[:i+1], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		text, ok := parseCRILogRecord(rec)
+		if !ok {
+			continue
+		}
+		out = append(out, text...)
+		written++
 	}
-	out := strings.Join(lines, "")
 	if len(out) > MaxTerminationMessageLogLength {
 		out = out[len(out)-MaxTerminationMessageLogLength:]
 	}
-	return out
+	return string(out)
+}
+
+// parseCRILogRecord returns the text of one CRI log record (with its trailing
+// newline, if any, unless the record is partial), or false when the record has
+// no RFC 3339 time, no stdout/stderr stream or no tag.
+func parseCRILogRecord(rec []byte) ([]byte, bool) {
+	ts, rest, ok := bytes.Cut(rec, []byte{' '})
+	if !ok {
+		return nil, false
+	}
+	if _, err := time.Parse(time.RFC3339Nano, string(ts)); err != nil {
+		return nil, false
+	}
+	stream, rest, ok := bytes.Cut(rest, []byte{' '})
+	if !ok || (string(stream) != "stdout" && string(stream) != "stderr") {
+		return nil, false
+	}
+	tags, text, ok := bytes.Cut(rest, []byte{' '})
+	if !ok {
+		return nil, false
+	}
+	if tag, _, _ := bytes.Cut(tags, []byte{':'}); string(tag) == "P" {
+		text = bytes.TrimSuffix(text, []byte{'\n'})
+	}
+	return text, true
 }

@@ -56,6 +56,10 @@ func (m *podManager) admit(pod *corev1.Pod) (reason, message string, ok bool) {
 	if pod.Status.Phase == corev1.PodRunning {
 		return "", "", true
 	}
+	// The kubelet's sysctl admit handler runs before its resource predicates.
+	if reason, msg, ok := m.sysctls.admit(pod); !ok {
+		return reason, msg, false
+	}
 	return m.fits(pod)
 }
 

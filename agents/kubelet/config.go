@@ -70,6 +70,8 @@ var honouredFields = map[string]bool{
 	"logging": true,
 	// Client certificate rotation and the serving certificate CSR (join.go).
 	"rotateCertificates": true, "serverTLSBootstrap": true,
+	// Pod admission by securityContext.sysctls (sysctl.go).
+	"allowedUnsafeSysctls": true,
 }
 
 // loadConfig reads a KubeletConfiguration file (YAML or JSON), refuses unknown or

@@ -65,6 +65,8 @@ type podManager struct {
 	probes  *probe.Manager
 	volumes *volume.Manager
 	builder *configBuilder
+	// sysctls admits pods by their securityContext.sysctls.
+	sysctls *sysctlAllowlist
 	cgroups *podCgroups
 	// pullSecrets are the pods' imagePullSecrets, read once per sync.
 	pullSecrets *pullSecretCredentials
@@ -116,15 +118,14 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 		envSource = podenv.ClientsetSource(cfg.client)
 		volSources = volume.ClientsetSources(cfg.client)
 	}
-	env, err := podenv.New(podenv.Config{Source: envSource})
-	if err != nil {
-		return nil, err
-	}
-	vols, err := volume.New(volume.Config{RootDir: cfg.rootDir, Sources: volSources})
+	env, vols, err := newEnvAndVolumes(cfg, envSource, volSources)
 	if err != nil {
 		return nil, err
 	}
 	m.volumes = vols
+	if m.sysctls, err = newPodSysctlAllowlist(cfg); err != nil {
+		return nil, err
+	}
 	resolv, _ := os.ReadFile(*cfg.cfg.ResolverConfig)
 	cg, err := newPodCgroups(cfg.cfg)
 	if err != nil {
@@ -171,6 +172,28 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 	m.syncer = s
 	m.status = newStatusManager(cfg.client, m.clock)
 	return m, nil
+}
+
+// newEnvAndVolumes builds the pods' environment builder and volume manager. The
+// node's allocatable is the default for a limits.* resourceFieldRef whose
+// container sets no limit, in env vars and downwardAPI volume files alike (the
+// kubelet's defaultPodLimitsForDownwardAPI), and the size of memory-backed
+// emptyDirs. It is read once: machine capacity and reservations do not change
+// while the kubelet runs.
+func newEnvAndVolumes(cfg podManagerConfig, envSource podenv.Source, volSources volume.Sources) (*podenv.Builder, *volume.Manager, error) {
+	var allocatable corev1.ResourceList
+	if cfg.node != nil {
+		allocatable = cfg.node.allocatable()
+	}
+	env, err := podenv.New(podenv.Config{Source: envSource, NodeAllocatable: allocatable})
+	if err != nil {
+		return nil, nil, err
+	}
+	vols, err := volume.New(volume.Config{RootDir: cfg.rootDir, Sources: volSources, NodeAllocatable: allocatable})
+	if err != nil {
+		return nil, nil, err
+	}
+	return env, vols, nil
 }
 
 // probeResult adapts the probe manager's cache to podsync (IDs without the scheme).

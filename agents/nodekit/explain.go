@@ -208,7 +208,12 @@ func explainInNode(st *cluster.State, pos []string, f *explainFlags) (int, error
 		args = append(args, "--kubeconfig", filepath.Join(st.StateDir, "cp", cluster.FabricAdminKubeconfig),
 			"--kubelet-healthz-url", defaultKubeletHealthz, "--container-runtime-endpoint", node.Runtime, "--cni-conf-dir", node.CNIConfig,
 			"--kube-proxy-healthz-url", defaultKubeProxyHealthz, "--proxy-mode", "nftables")
-		cmd = exec.Command("nsenter", append([]string{"--net=/var/run/netns/" + node.NetNS, "--", self}, args...)...)
+		if node.NetNS == "" {
+			// --host-network: the node's kubelet, runtime and rules are the machine's.
+			cmd = exec.Command(self, args...)
+		} else {
+			cmd = exec.Command("nsenter", append([]string{"--net=/var/run/netns/" + node.NetNS, "--", self}, args...)...)
+		}
 	}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	err = cmd.Run()
@@ -236,7 +241,7 @@ func nodekitNext(next []string, st *cluster.State, nodeName string) []string {
 		return next
 	}
 	logOf := func(part string) string { return filepath.Join(st.StateDir, "logs", node.Name+"-"+part+".log") }
-	crictl := "nsenter --net=/var/run/netns/" + node.NetNS + " crictl --config " + filepath.Join(node.Dir, "crictl.yaml")
+	crictl := node.OnNode() + "crictl --config " + filepath.Join(node.Dir, "crictl.yaml")
 	out := make([]string, 0, len(next)+1)
 	for _, n := range next {
 		switch {
@@ -249,7 +254,11 @@ func nodekitNext(next []string, st *cluster.State, nodeName string) []string {
 		case strings.HasPrefix(n, "crictl "):
 			out = append(out, crictl+" "+strings.TrimPrefix(n, "crictl "))
 		case strings.HasPrefix(n, "nft list table"):
-			out = append(out, "ip netns exec "+node.NetNS+" "+strings.Split(n, "   #")[0])
+			nft := strings.Split(n, "   #")[0]
+			if node.NetNS != "" {
+				nft = "ip netns exec " + node.NetNS + " " + nft
+			}
+			out = append(out, nft)
 		default:
 			out = append(out, n)
 		}

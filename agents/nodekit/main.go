@@ -2,6 +2,7 @@
 // what it sees on a node or a Service in plain words.
 //
 //	nodekit up [--nodes N] [--state-dir DIR] [--detach]   start a cluster
+//	nodekit up --host-network [--node-ip IP]               make this machine its one node
 //	nodekit down [--state-dir DIR]                         stop it, leaving nothing behind
 //	nodekit status [--state-dir DIR]                       say what runs
 //	nodekit load IMAGE.tar [--state-dir DIR]               import an image into every node

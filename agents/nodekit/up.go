@@ -80,6 +80,8 @@ func runUp(args []string) (int, error) {
 	fs.StringVar(&cfg.KubeProxyBinary, "kube-proxy-binary", besideSelf("kube-proxy"), "nodekit's kube-proxy agent binary (default: kube-proxy beside the nodekit binary; \"none\": no Service rules)")
 	fs.StringVar(&cfg.CoreDNSImageTar, "coredns-image-tar", os.Getenv("NODEKIT_COREDNS_IMAGE_TAR"), "CoreDNS image tar from hack/build-coredns.sh: imported into every node and deployed as kubeadm does (kube-dns at 10.96.0.10); empty: no DNS add-on")
 	fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", 50*time.Second, "kube-controller-manager's --node-monitor-grace-period")
+	fs.BoolVar(&cfg.HostNetwork, "host-network", false, "run one node, and the control plane, on the machine's own network as a kubeadm single-node cluster does (changes the machine: see docs/up.md; nodekit down undoes it)")
+	fs.StringVar(&cfg.NodeIP, "node-ip", "", "with --host-network: the node's address (default: the address of the interface with the default route)")
 	detach := fs.Bool("detach", false, "return once the cluster is ready, leaving a supervisor running; stop it with nodekit down")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up bringing the cluster up after this long")
 	if err := parse(fs, args); err != nil {
@@ -108,6 +110,12 @@ func runUp(args []string) (int, error) {
 		return exitError, err
 	}
 	kubeconfig := c.Kubeconfig()
+	if *detach && c.Listener == nil {
+		// --host-network: the API server listens on the machine's network itself; there
+		// is no forwarder to keep running.
+		printReady(c, kubeconfig, begin)
+		return exitOK, nil
+	}
 	if *detach {
 		if err := startSupervisor(c); err != nil {
 			derr := cluster.Down(context.Background(), c.State().StateDir, os.Stderr)
@@ -140,8 +148,12 @@ func printReady(c *cluster.Cluster, kubeconfig string, begin time.Time) {
 		fmt.Fprintln(os.Stderr, "nodekit up: no kubelet binary (--kubelet-binary): the nodes run containerd only and do not register")
 	}
 	fmt.Printf("kubeconfig: %s\n", kubeconfig)
-	fmt.Printf("cluster %q ready in %s: %d node(s), API server https://127.0.0.1:%d; try: KUBECONFIG=%s kubectl get nodes -o wide\n",
-		st.Name, time.Since(begin).Round(100*time.Millisecond), len(st.Nodes), st.APIPort, kubeconfig)
+	where := ""
+	if st.HostNetwork {
+		where = " on the machine's network (" + st.ControlPlaneIP + ")"
+	}
+	fmt.Printf("cluster %q ready in %s: %d node(s)%s, API server https://127.0.0.1:%d; try: KUBECONFIG=%s kubectl get nodes -o wide\n",
+		st.Name, time.Since(begin).Round(100*time.Millisecond), len(st.Nodes), where, st.APIPort, kubeconfig)
 }
 
 // startSupervisor hands the forwarder's listening socket to a detached `nodekit

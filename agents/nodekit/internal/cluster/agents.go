@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -26,18 +27,13 @@ const FabricAdminKubeconfig = "admin-fabric.kubeconfig"
 // each inside the node's namespace with its own identity, then waits until every node
 // is Ready.
 func (c *Cluster) agents(ctx context.Context) error {
-	server := "https://" + ControlPlaneIP + ":" + strconv.Itoa(APIServerPort)
 	for i := range c.st.Nodes {
 		n := &c.st.Nodes[i]
 		if c.cfg.KubeletBinary != "" {
-			kc := filepath.Join(n.Dir, "kubelet.kubeconfig")
 			// The identity the Node authorizer and NodeRestriction judge a kubelet by.
-			if err := c.ca.writeKubeconfig(kc, c.cfg.Name, server, "system:node:"+n.Name, "system:nodes"); err != nil {
+			if err := c.ca.writeKubeconfig(filepath.Join(n.Dir, "kubelet.kubeconfig"), c.cfg.Name, c.agentServer(), "system:node:"+n.Name, "system:nodes"); err != nil {
 				return err
 			}
-			// The kubelet's port as kubeadm configures it: client certificates from the
-			// cluster CA (kube-apiserver's among them), tokens checked by TokenReview,
-			// every request authorized by SubjectAccessReview.
 			// Recorded before it is made, so a failed up's down removes it too.
 			n.CgroupRoot = cgroupRootFor(c.cfg.Name, n.Name)
 			if err := c.st.save(); err != nil {
@@ -46,53 +42,19 @@ func (c *Cluster) agents(ctx context.Context) error {
 			if err := makeCgroupRoot(n.CgroupRoot); err != nil {
 				return err
 			}
-			conf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-containerRuntimeEndpoint: %q
-cgroupDriver: cgroupfs
-cgroupRoot: %q
-clusterDomain: cluster.local
-clusterDNS:
-- %s
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: true
-  x509:
-    clientCAFile: %q
-authorization:
-  mode: Webhook
-`, n.Runtime, n.CgroupRoot, ClusterDNS, c.path("pki", "ca.crt"))
-			confPath := filepath.Join(n.Dir, "kubelet.yaml")
-			if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(n.Dir, "kubelet.yaml"), []byte(c.kubeletConfig(n)), 0o644); err != nil {
 				return err
 			}
-			logPath := c.path("logs", n.Name+"-kubelet.log")
-			cmd, err := startIn(n.NetNS, logPath, c.cfg.KubeletBinary,
-				"--config="+confPath, "--kubeconfig="+kc, "--hostname-override="+n.Name, "--node-ip="+n.IP,
-				"--root-dir="+filepath.Join(n.Dir, "kubelet"), "--cert-dir="+filepath.Join(n.Dir, "kubelet", "pki"), "--container-runtime-endpoint="+n.Runtime)
-			if err != nil {
-				return err
-			}
-			if err := c.record("kubelet", n.Name, logPath, cmd); err != nil {
+			if err := c.start(c.kubeletLaunch(n)); err != nil {
 				return err
 			}
 		}
 		if c.cfg.KubeProxyBinary != "" {
-			kc := filepath.Join(n.Dir, "kube-proxy.kubeconfig")
 			// system:kube-proxy is the user the bootstrap policy binds to system:node-proxier.
-			if err := c.ca.writeKubeconfig(kc, c.cfg.Name, server, "system:kube-proxy"); err != nil {
+			if err := c.ca.writeKubeconfig(filepath.Join(n.Dir, "kube-proxy.kubeconfig"), c.cfg.Name, c.agentServer(), "system:kube-proxy"); err != nil {
 				return err
 			}
-			logPath := c.path("logs", n.Name+"-kube-proxy.log")
-			cmd, err := startIn(n.NetNS, logPath, c.cfg.KubeProxyBinary,
-				"--kubeconfig="+kc, "--hostname-override="+n.Name, "--proxy-mode=nftables",
-				"--cluster-cidr="+ClusterCIDR, "--healthz-bind-address=0.0.0.0:10256", "--metrics-bind-address=127.0.0.1:10249")
-			if err != nil {
-				return err
-			}
-			if err := c.record("kube-proxy", n.Name, logPath, cmd); err != nil {
+			if err := c.start(c.kubeProxyLaunch(n)); err != nil {
 				return err
 			}
 		}
@@ -119,6 +81,53 @@ authorization:
 	}
 	c.logf("%d node(s) Ready (%s after the agents started)", len(c.st.Nodes), time.Since(begin).Round(time.Millisecond))
 	return nil
+}
+
+// agentServer is the API server URL in the kubelets' and kube-proxies' kubeconfigs:
+// its advertised address, as on a kubeadm node.
+func (c *Cluster) agentServer() string {
+	ip, port := c.apiEndpoint()
+	return "https://" + net.JoinHostPort(ip, strconv.Itoa(port))
+}
+
+// kubeletConfig is the node's KubeletConfiguration. The kubelet's port as kubeadm
+// configures it: client certificates from the cluster CA (kube-apiserver's among
+// them), tokens checked by TokenReview, every request authorized by
+// SubjectAccessReview.
+func (c *Cluster) kubeletConfig(n *Node) string {
+	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: %q
+cgroupDriver: cgroupfs
+cgroupRoot: %q
+clusterDomain: cluster.local
+clusterDNS:
+- %s
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: %q
+authorization:
+  mode: Webhook
+`, n.Runtime, n.CgroupRoot, ClusterDNS, c.path("pki", "ca.crt"))
+}
+
+func (c *Cluster) kubeletLaunch(n *Node) launch {
+	return launch{Name: "kubelet", Node: n.Name, NetNS: n.NetNS, Bin: c.cfg.KubeletBinary, Args: []string{
+		"--config=" + filepath.Join(n.Dir, "kubelet.yaml"), "--kubeconfig=" + filepath.Join(n.Dir, "kubelet.kubeconfig"),
+		"--hostname-override=" + n.Name, "--node-ip=" + n.IP,
+		"--root-dir=" + filepath.Join(n.Dir, "kubelet"), "--cert-dir=" + filepath.Join(n.Dir, "kubelet", "pki"), "--container-runtime-endpoint=" + n.Runtime,
+	}}
+}
+
+func (c *Cluster) kubeProxyLaunch(n *Node) launch {
+	return launch{Name: "kube-proxy", Node: n.Name, NetNS: n.NetNS, Bin: c.cfg.KubeProxyBinary, Args: []string{
+		"--kubeconfig=" + filepath.Join(n.Dir, "kube-proxy.kubeconfig"), "--hostname-override=" + n.Name, "--proxy-mode=nftables",
+		"--cluster-cidr=" + ClusterCIDR, "--healthz-bind-address=0.0.0.0:10256", "--metrics-bind-address=127.0.0.1:10249",
+	}}
 }
 
 // waitNodeReady sets the node's podCIDR once it registers (what the node IPAM

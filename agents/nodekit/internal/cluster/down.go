@@ -21,7 +21,8 @@ const stopGrace = 10 * time.Second
 
 // Down removes exactly what the state file in stateDir records: the processes (by PID
 // and start time), the pod sandboxes through CRI (so CNI releases their addresses),
-// the runtime's shims and mounts under the state dir, the network namespaces, and
+// the runtime's shims and mounts under the state dir, with --host-network what the
+// node made in the machine's namespace (State.Host), the network namespaces, and
 // the files `up` wrote. Nothing else is touched. It goes on past errors and returns
 // them all.
 func Down(ctx context.Context, stateDir string, log io.Writer) error {
@@ -72,6 +73,11 @@ func Down(ctx context.Context, stateDir string, log io.Writer) error {
 		}
 	}
 	if err := unmountAll(abs); err != nil {
+		errs = append(errs, err)
+	}
+	// --host-network: what the node's plugins made in the machine's namespace, once
+	// nothing of the cluster runs that would make it again.
+	if err := undoHost(ctx, st.Host, logf); err != nil {
 		errs = append(errs, err)
 	}
 	for _, n := range st.Nodes {

@@ -38,14 +38,23 @@ func inNS(ctx context.Context, ns string, args ...string) error {
 	return ip(ctx, append([]string{"netns", "exec", ns}, args...)...)
 }
 
-// startIn starts bin in network namespace ns (nsenter, so the PID is bin's own after
-// exec), in its own process group, output appended to logPath. The process is not
-// tied to this one: it outlives `up --detach`.
+// startIn starts bin in network namespace ns, in its own process group, output
+// appended to logPath. The process is not tied to this one: it outlives `up --detach`.
 func startIn(ns, logPath, bin string, args ...string) (*exec.Cmd, error) {
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, err
 	}
-	return startCommand(logPath, append([]string{"nsenter", "--net=" + nsPath(ns), "--", bin}, args...))
+	return startCommand(logPath, argvIn(ns, bin, args...))
+}
+
+// argvIn is the command line that runs bin in network namespace ns: through nsenter
+// (which execs bin, so the PID is bin's own), or directly when ns is "", the
+// machine's own namespace (--host-network).
+func argvIn(ns, bin string, args ...string) []string {
+	if ns == "" {
+		return append([]string{bin}, args...)
+	}
+	return append([]string{"nsenter", "--net=" + nsPath(ns), "--", bin}, args...)
 }
 
 // startCommand starts argv in its own process group, output appended to logPath, and

@@ -16,10 +16,18 @@ import (
 type State struct {
 	Name     string `json:"name"`
 	StateDir string `json:"stateDir"`
-	// APIPort is the port on the machine's 127.0.0.1 the forwarder listens on.
+	// APIPort is the port on the machine's 127.0.0.1 the forwarder listens on (with
+	// HostNetwork, the API server itself).
 	APIPort int `json:"apiPort"`
-	// ControlPlaneIP is the API server's address on the fabric.
+	// ControlPlaneIP is the API server's address on the fabric (with HostNetwork, the
+	// node's address on the machine's network).
 	ControlPlaneIP string `json:"controlPlaneIP"`
+	// HostNetwork: the node and the control plane run in the machine's own network
+	// namespace (`up --host-network`); no namespace and no forwarder are made.
+	HostNetwork bool `json:"hostNetwork,omitempty"`
+	// Host is what the host-network node changes on the machine outside the state dir,
+	// recorded before it is made; down undoes it.
+	Host *HostChanges `json:"host,omitempty"`
 	// GracePeriod is kube-controller-manager's --node-monitor-grace-period.
 	GracePeriod string `json:"nodeMonitorGracePeriod"`
 	// Namespaces are the network namespaces made (names under /var/run/netns), in order.
@@ -45,9 +53,10 @@ type Process struct {
 
 // Node is one node namespace.
 type Node struct {
-	Name      string `json:"name"`
-	IP        string `json:"ip"`
-	PodCIDR   string `json:"podCIDR"`
+	Name    string `json:"name"`
+	IP      string `json:"ip"`
+	PodCIDR string `json:"podCIDR"`
+	// NetNS is the node's network namespace; "" is the machine's own (--host-network).
 	NetNS     string `json:"netns"`
 	Dir       string `json:"dir"`
 	Runtime   string `json:"runtimeEndpoint"`

@@ -23,6 +23,9 @@ func RecordSupervisor(st *State, pid int, logPath string) error {
 
 // Supervise serves the forwarder on l until ctx ends.
 func Supervise(ctx context.Context, st *State, l net.Listener) error {
+	if st.HostNetwork {
+		return errors.New("a host-network cluster has no forwarder: its API server listens on the machine's network")
+	}
 	var cp string
 	for _, ns := range st.Namespaces {
 		if strings.HasSuffix(ns, "-cp") {
@@ -63,6 +66,9 @@ func Status(ctx context.Context, st *State) Report {
 		rep.Parts = append(rep.Parts, part)
 	}
 	api := Part{Name: "api-server", State: "ready", Detail: "https://127.0.0.1:" + strconv.Itoa(st.APIPort) + "/readyz ok"}
+	if st.HostNetwork {
+		api.Detail += " (listening on the machine's network, advertised as " + st.ControlPlaneIP + ")"
+	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	if err := ReadyzThroughForwarder(actx, filepath.Join(st.StateDir, "kubeconfig")); err != nil {
 		api.State, api.Detail, rep.Healthy = "NOT READY", err.Error(), false
@@ -70,7 +76,7 @@ func Status(ctx context.Context, st *State) Report {
 	cancel()
 	rep.Parts = append(rep.Parts, api)
 	for _, n := range st.Nodes {
-		part := Part{Name: "cri", Node: n.Name, State: "ready", Detail: n.Runtime + " (netns " + n.NetNS + ", " + n.IP + ", pods " + n.PodCIDR + ")"}
+		part := Part{Name: "cri", Node: n.Name, State: "ready", Detail: n.Runtime + " (" + n.Where() + ", " + n.IP + ", pods " + n.PodCIDR + ")"}
 		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		if err := RuntimeReady(rctx, n.Runtime); err != nil {
 			part.State, part.Detail, rep.Healthy = "NOT READY", err.Error(), false
@@ -124,4 +130,22 @@ func Restart(st *State, name, node string) (Process, error) {
 		where = "node " + node
 	}
 	return Process{}, fmt.Errorf("%w: %s on %s", ErrNoSuchPart, name, where)
+}
+
+// Where names the node's network namespace for people: "netns NAME", or "the
+// machine's network" for a host-network node.
+func (n Node) Where() string {
+	if n.NetNS == "" {
+		return "the machine's network"
+	}
+	return "netns " + n.NetNS
+}
+
+// OnNode is the command-line prefix that runs a command in the node's network
+// namespace: nsenter for a namespaced node, nothing for a host-network one.
+func (n Node) OnNode() string {
+	if n.NetNS == "" {
+		return ""
+	}
+	return "nsenter --net=" + nsPath(n.NetNS) + " "
 }

@@ -2,8 +2,10 @@
 // makes: a fabric network namespace with a bridge, a control-plane namespace (etcd,
 // kube-apiserver, kube-controller-manager, kube-scheduler) and one namespace per node
 // (containerd with a CNI bridge, and the node's kubelet and kube-proxy when their
-// binaries are given). The machine's own network namespace is never changed: the one
-// thing in it is a TCP forwarder on 127.0.0.1 to the API server.
+// binaries are given). By default the machine's own network namespace is never
+// changed: the one thing in it is a TCP forwarder on 127.0.0.1 to the API server.
+// Config.HostNetwork is the exception (host.go): one node and the control plane run in
+// the machine's own namespace, as on a kubeadm single-node cluster.
 package cluster
 
 import (
@@ -69,6 +71,12 @@ type Config struct {
 	CoreDNSImageTar string
 	// NodeMonitorGracePeriod is kube-controller-manager's flag; zero means upstream's 50s.
 	NodeMonitorGracePeriod time.Duration
+	// HostNetwork runs the one node and the control plane in the machine's own network
+	// namespace instead of namespaces of their own (see host.go). False: namespaces.
+	HostNetwork bool
+	// NodeIP is the host-network node's address; empty means the address of the
+	// interface with the default route. Only with HostNetwork.
+	NodeIP string
 	// Log receives progress lines. Nil means none.
 	Log io.Writer
 }
@@ -82,6 +90,12 @@ func (c *Config) defaults() error {
 	}
 	if c.Nodes < 1 || c.Nodes > 200 {
 		return fmt.Errorf("--nodes %d: want 1 to 200", c.Nodes)
+	}
+	if c.HostNetwork && c.Nodes != 1 {
+		return fmt.Errorf("--host-network runs exactly one node (the machine itself): --nodes %d", c.Nodes)
+	}
+	if c.NodeIP != "" && !c.HostNetwork {
+		return errors.New("--node-ip is for --host-network only (namespaced nodes get fabric addresses)")
 	}
 	if c.APIPort == 0 {
 		c.APIPort = APIServerPort
@@ -120,7 +134,7 @@ func CheckPrerequisites(c *Config) (*Images, error) {
 			return nil, fmt.Errorf("%w: %s is not installed (hack/up.sh installs it)", ErrPrerequisite, tool)
 		}
 	}
-	for _, p := range []string{"bridge", "host-local", "loopback"} {
+	for _, p := range []string{"bridge", "host-local", "loopback", "portmap"} {
 		if _, err := os.Stat(filepath.Join(cniBinDir, p)); err != nil {
 			return nil, fmt.Errorf("%w: CNI plugin %s missing in %s (apt-get install containernetworking-plugins)", ErrPrerequisite, p, cniBinDir)
 		}
@@ -185,6 +199,8 @@ type Cluster struct {
 	// Listener is the forwarder's socket on 127.0.0.1:APIPort.
 	Listener net.Listener
 	dialer   *NSDialer
+	// host is set with Config.HostNetwork: what checkHost found.
+	host *hostFacts
 	// mu guards st while the control plane and the nodes' runtimes start side by side.
 	mu sync.Mutex
 }
@@ -204,6 +220,24 @@ func (c *Cluster) logf(format string, args ...any) {
 
 func (c *Cluster) ns(suffix string) string { return "nk-" + c.cfg.Name + "-" + suffix }
 
+// cpNS is the control plane's network namespace, "" for the machine's own.
+func (c *Cluster) cpNS() string {
+	if c.host != nil {
+		return ""
+	}
+	return c.ns("cp")
+}
+
+// apiEndpoint is where the API server listens and what it advertises (the kubernetes
+// Service's endpoint): 172.30.0.2:6443 in its namespace; on the machine's network the
+// node's address and --api-port, with no forwarder in between.
+func (c *Cluster) apiEndpoint() (ip string, port int) {
+	if c.host != nil {
+		return c.host.IP, c.cfg.APIPort
+	}
+	return ControlPlaneIP, APIServerPort
+}
+
 // Up checks everything it can before touching anything (prerequisites, the state dir,
 // the port, namespace names), then builds the cluster step by step, recording each
 // step; on failure it tears down what it made. The returned Cluster's forwarder is
@@ -215,6 +249,20 @@ func Up(ctx context.Context, cfg Config) (*Cluster, error) {
 	images, err := CheckPrerequisites(&cfg)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.HostNetwork {
+		// What the probe and down use to read and remove kube-proxy's tables and
+		// portmap's chains in the machine's namespace (kube-proxy itself execs nft too).
+		for _, tool := range []string{"nft", "iptables", "iptables-save"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				return nil, fmt.Errorf("%w: %s is not installed (--host-network needs it)", ErrPrerequisite, tool)
+			}
+		}
+		c, err := claimHost(cfg, images, machineProbe{})
+		if err != nil {
+			return nil, err
+		}
+		return c.buildOrTearDown(ctx)
 	}
 	c := &Cluster{cfg: cfg, images: images}
 	if err := checkFree(cfg.StateDir); err != nil {
@@ -234,18 +282,62 @@ func Up(ctx context.Context, cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	c.Listener = l
-	c.st = &State{Name: cfg.Name, StateDir: cfg.StateDir, APIPort: cfg.APIPort, ControlPlaneIP: ControlPlaneIP, GracePeriod: cfg.NodeMonitorGracePeriod.String()}
+	c.st = c.newState()
+	return c.buildOrTearDown(ctx)
+}
+
+// claimHost is Up's first half for Config.HostNetwork: the machine is checked
+// (read-only, through probe) before the state dir is claimed, and what the node will
+// change outside the state dir goes into the first state written. Nothing is started:
+// the caller builds. There is no forwarder: the API server listens on the machine's
+// network itself.
+func claimHost(cfg Config, images *Images, probe hostProbe) (*Cluster, error) {
+	if err := checkFree(cfg.StateDir); err != nil {
+		return nil, err
+	}
+	facts, err := checkHost(&cfg, probe)
+	if err != nil {
+		return nil, err
+	}
+	if err := claim(cfg.StateDir, cfg.Name); err != nil {
+		return nil, err
+	}
+	c := &Cluster{cfg: cfg, images: images, host: facts}
+	c.st = c.newState()
 	if err := c.st.save(); err != nil {
-		l.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// newState is the state before anything is made.
+func (c *Cluster) newState() *State {
+	ip, _ := c.apiEndpoint()
+	st := &State{Name: c.cfg.Name, StateDir: c.cfg.StateDir, APIPort: c.cfg.APIPort, ControlPlaneIP: ip, GracePeriod: c.cfg.NodeMonitorGracePeriod.String()}
+	if c.host != nil {
+		st.HostNetwork = true
+		changes := c.host.Changes
+		st.Host = &changes
+	}
+	return st
+}
+
+func (c *Cluster) buildOrTearDown(ctx context.Context) (*Cluster, error) {
+	if err := c.st.save(); err != nil {
+		if c.Listener != nil {
+			c.Listener.Close()
+		}
 		return nil, err
 	}
 	if err := c.build(ctx); err != nil {
 		c.logf("failed: %v; tearing down what was made", err)
-		l.Close()
+		if c.Listener != nil {
+			c.Listener.Close()
+		}
 		if c.dialer != nil {
 			c.dialer.Close()
 		}
-		if derr := Down(context.Background(), cfg.StateDir, cfg.Log); derr != nil {
+		if derr := Down(context.Background(), c.cfg.StateDir, c.cfg.Log); derr != nil {
 			err = errors.Join(err, fmt.Errorf("tear-down after the failure: %w", derr))
 		}
 		return nil, err
@@ -269,12 +361,16 @@ func (c *Cluster) build(ctx context.Context) error {
 	if err := c.network(ctx); err != nil {
 		return err
 	}
-	c.logf("network namespaces ready (%s)", time.Since(begin).Round(time.Millisecond))
-	d, err := NewNSDialer(nsPath(c.ns("cp")))
-	if err != nil {
-		return err
+	if c.host == nil {
+		c.logf("network namespaces ready (%s)", time.Since(begin).Round(time.Millisecond))
+		d, err := NewNSDialer(nsPath(c.cpNS()))
+		if err != nil {
+			return err
+		}
+		c.dialer = d
+	} else {
+		c.logf("node %s on the machine's network at %s", c.host.NodeName, c.host.IP)
 	}
-	c.dialer = d
 	// containerd on every node starts while the control plane comes up.
 	nodeErr := make(chan error, 1)
 	go func() { nodeErr <- c.startRuntimes(ctx) }()
@@ -348,8 +444,9 @@ func (c *Cluster) pki() error {
 	if err != nil {
 		return err
 	}
+	apiIP, apiPort := c.apiEndpoint()
 	servingCert, servingKey, err := ca.issue("kube-apiserver", nil,
-		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(ControlPlaneIP), net.ParseIP(KubernetesServiceIP)},
+		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(apiIP), net.ParseIP(KubernetesServiceIP)},
 		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"})
 	if err != nil {
 		return err
@@ -366,7 +463,7 @@ func (c *Cluster) pki() error {
 	}); err != nil {
 		return err
 	}
-	local := "https://127.0.0.1:" + strconv.Itoa(APIServerPort)
+	local := "https://127.0.0.1:" + strconv.Itoa(apiPort)
 	for _, k := range []struct{ file, cn, group string }{
 		{"admin.kubeconfig", "kubernetes-admin", "system:masters"},
 		{"controller-manager.kubeconfig", "system:kube-controller-manager", ""},
@@ -380,11 +477,14 @@ func (c *Cluster) pki() error {
 			return err
 		}
 	}
-	fabric := "https://" + ControlPlaneIP + ":" + strconv.Itoa(APIServerPort)
+	// On the host network the "fabric" address is the node's: the kubeconfig explain
+	// uses on the node works the same way.
+	fabric := "https://" + net.JoinHostPort(apiIP, strconv.Itoa(apiPort))
 	if err := ca.writeKubeconfig(c.path("cp", FabricAdminKubeconfig), c.cfg.Name, fabric, "kubernetes-admin", "system:masters"); err != nil {
 		return err
 	}
-	// What kubectl on the machine uses: the forwarder on 127.0.0.1.
+	// What kubectl on the machine uses: the forwarder on 127.0.0.1 (on the host
+	// network, the API server itself).
 	return ca.writeKubeconfig(c.Kubeconfig(), c.cfg.Name, "https://127.0.0.1:"+strconv.Itoa(c.cfg.APIPort), "kubernetes-admin", "system:masters")
 }
 
@@ -423,7 +523,34 @@ func (c *Cluster) attach(ctx context.Context, ns, short, addr string) error {
 	return nil
 }
 
+// nodeLayout is every node's record before anything is made: in namespace
+// nk-NAME-node-N at fabric address 172.30.0.(10+N), or, on the host network, the one
+// node named after the machine at its address, in the machine's namespace ("").
+func (c *Cluster) nodeLayout() []Node {
+	node := func(name, ip, podCIDR, ns string) Node {
+		dir := c.path("nodes", name)
+		return Node{
+			Name: name, IP: ip, PodCIDR: podCIDR, NetNS: ns, Dir: dir,
+			Runtime: "unix://" + filepath.Join(dir, "containerd.sock"), CNIConfig: filepath.Join(dir, "cni"),
+		}
+	}
+	if c.host != nil {
+		return []Node{node(c.host.NodeName, c.host.IP, "10.244.1.0/24", "")}
+	}
+	var out []Node
+	for i, name := range nodeNames(c.cfg.Nodes) {
+		out = append(out, node(name, fmt.Sprintf("172.30.0.%d", 11+i), fmt.Sprintf("10.244.%d.0/24", i+1), c.ns(name)))
+	}
+	return out
+}
+
 func (c *Cluster) network(ctx context.Context) error {
+	if c.host != nil {
+		// Nothing to make: the node's network is the machine's. Its CNI bridge appears
+		// with the first pod; State.Host already records it.
+		c.st.Nodes = c.nodeLayout()
+		return c.st.save()
+	}
 	fabric, err := c.addNS(ctx, "fabric")
 	if err != nil {
 		return err
@@ -444,20 +571,15 @@ func (c *Cluster) network(ctx context.Context) error {
 	if err := c.attach(ctx, cp, "cp", ControlPlaneIP); err != nil {
 		return err
 	}
-	for i, name := range nodeNames(c.cfg.Nodes) {
-		ns, err := c.addNS(ctx, name)
+	for i, n := range c.nodeLayout() {
+		ns, err := c.addNS(ctx, n.Name)
 		if err != nil {
 			return err
 		}
-		nodeIP := fmt.Sprintf("172.30.0.%d", 11+i)
-		if err := c.attach(ctx, ns, fmt.Sprintf("n%d", i+1), nodeIP); err != nil {
+		if err := c.attach(ctx, ns, fmt.Sprintf("n%d", i+1), n.IP); err != nil {
 			return err
 		}
-		dir := c.path("nodes", name)
-		c.st.Nodes = append(c.st.Nodes, Node{
-			Name: name, IP: nodeIP, PodCIDR: fmt.Sprintf("10.244.%d.0/24", i+1), NetNS: ns, Dir: dir,
-			Runtime: "unix://" + filepath.Join(dir, "containerd.sock"), CNIConfig: filepath.Join(dir, "cni"),
-		})
+		c.st.Nodes = append(c.st.Nodes, n)
 		// Forwarding for pods; no ICMP redirects: pod traffic between nodes goes by the
 		// routes below, not by the fabric's gateway.
 		if err := inNS(ctx, ns, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward; echo 0 > /proc/sys/net/ipv4/conf/all/send_redirects"); err != nil {
@@ -512,79 +634,121 @@ func (c *Cluster) process(name, node string) Process {
 	return Process{}
 }
 
-func (c *Cluster) controlPlane(ctx context.Context) error {
-	cp := c.ns("cp")
+// launch is one long-running process of the plan: which binary, with which
+// arguments, in which network namespace ("" is the machine's own).
+type launch struct {
+	Name string
+	// Node is the node it serves, "" for the control plane.
+	Node  string
+	NetNS string
+	Bin   string
+	Args  []string
+}
+
+func (l launch) logPath(c *Cluster) string {
+	if l.Node == "" {
+		return c.path("logs", l.Name+".log")
+	}
+	return c.path("logs", l.Node+"-"+l.Name+".log")
+}
+
+// start runs l and records it in the state.
+func (c *Cluster) start(l launch) error {
+	logPath := l.logPath(c)
+	cmd, err := startIn(l.NetNS, logPath, l.Bin, l.Args...)
+	if err != nil {
+		return err
+	}
+	return c.record(l.Name, l.Node, logPath, cmd)
+}
+
+// controlPlaneLaunches are etcd, kube-apiserver, kube-controller-manager and
+// kube-scheduler, in start order. etcd, kube-controller-manager and kube-scheduler
+// listen on loopback only (in the control plane's namespace, or the machine's);
+// kube-apiserver on every address, as kubeadm's does, advertising apiEndpoint.
+func (c *Cluster) controlPlaneLaunches() []launch {
+	cp := c.cpNS()
 	peer := func(b string) string { return filepath.Join(c.cfg.PeersDir, b) }
-	logs := c.path("logs")
-	start := func(name string, args ...string) error {
-		logPath := filepath.Join(logs, name+".log")
-		cmd, err := startIn(cp, logPath, peer(name), args...)
-		if err != nil {
+	pki := func(f string) string { return c.path("pki", f) }
+	apiIP, apiPort := c.apiEndpoint()
+	kcm := c.path("cp", "controller-manager.kubeconfig")
+	sched := c.path("cp", "scheduler.kubeconfig")
+	return []launch{
+		{Name: "etcd", NetNS: cp, Bin: peer("etcd"), Args: []string{
+			"--data-dir=" + c.path("cp", "etcd"),
+			"--listen-client-urls=http://127.0.0.1:2379",
+			"--listen-peer-urls=http://127.0.0.1:2380",
+		}},
+		{Name: "kube-apiserver", NetNS: cp, Bin: peer("kube-apiserver"), Args: []string{
+			"--etcd-servers=http://127.0.0.1:2379",
+			"--bind-address=0.0.0.0",
+			"--advertise-address=" + apiIP,
+			"--secure-port=" + strconv.Itoa(apiPort),
+			"--tls-cert-file=" + pki("apiserver.crt"), "--tls-private-key-file=" + pki("apiserver.key"),
+			"--client-ca-file=" + pki("ca.crt"),
+			"--kubelet-client-certificate=" + pki("apiserver-kubelet-client.crt"), "--kubelet-client-key=" + pki("apiserver-kubelet-client.key"),
+			"--kubelet-preferred-address-types=InternalIP,Hostname",
+			"--authorization-mode=Node,RBAC",
+			"--enable-admission-plugins=NodeRestriction",
+			"--service-cluster-ip-range=" + ServiceCIDR,
+			"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+			"--service-account-key-file=" + pki("sa.key"),
+			"--service-account-signing-key-file=" + pki("sa.key"),
+			"--allow-privileged=true",
+			// Webhooks and aggregated APIs are Services; the control plane's namespace has
+			// no kube-proxy, but it has a route to every pod CIDR, so kube-apiserver calls
+			// their endpoints' pod IPs instead of the ClusterIP.
+			"--enable-aggregator-routing=true",
+		}},
+		{Name: "kube-controller-manager", NetNS: cp, Bin: peer("kube-controller-manager"), Args: []string{
+			"--kubeconfig=" + kcm, "--authentication-kubeconfig=" + kcm, "--authorization-kubeconfig=" + kcm,
+			"--bind-address=127.0.0.1",
+			"--leader-elect=false",
+			"--use-service-account-credentials=true",
+			"--root-ca-file=" + pki("ca.crt"),
+			"--service-account-private-key-file=" + pki("sa.key"),
+			"--cluster-signing-cert-file=" + pki("ca.crt"), "--cluster-signing-key-file=" + pki("ca.key"),
+			"--service-cluster-ip-range=" + ServiceCIDR,
+			"--cluster-cidr=" + ClusterCIDR,
+			"--node-monitor-grace-period=" + c.cfg.NodeMonitorGracePeriod.String(),
+		}},
+		{Name: "kube-scheduler", NetNS: cp, Bin: peer("kube-scheduler"), Args: []string{
+			"--kubeconfig=" + sched, "--authentication-kubeconfig=" + sched, "--authorization-kubeconfig=" + sched,
+			"--bind-address=127.0.0.1",
+			"--leader-elect=false",
+		}},
+	}
+}
+
+func (c *Cluster) controlPlane(ctx context.Context) error {
+	ls := c.controlPlaneLaunches()
+	for _, l := range ls[:2] {
+		if err := c.start(l); err != nil {
 			return err
 		}
-		return c.record(name, "", logPath, cmd)
-	}
-	if err := start("etcd",
-		"--data-dir="+c.path("cp", "etcd"),
-		"--listen-client-urls=http://127.0.0.1:2379",
-		"--listen-peer-urls=http://127.0.0.1:2380",
-	); err != nil {
-		return err
-	}
-	pki := func(f string) string { return c.path("pki", f) }
-	if err := start("kube-apiserver",
-		"--etcd-servers=http://127.0.0.1:2379",
-		"--bind-address=0.0.0.0",
-		"--advertise-address="+ControlPlaneIP,
-		"--secure-port="+strconv.Itoa(APIServerPort),
-		"--tls-cert-file="+pki("apiserver.crt"), "--tls-private-key-file="+pki("apiserver.key"),
-		"--client-ca-file="+pki("ca.crt"),
-		"--kubelet-client-certificate="+pki("apiserver-kubelet-client.crt"), "--kubelet-client-key="+pki("apiserver-kubelet-client.key"),
-		"--kubelet-preferred-address-types=InternalIP,Hostname",
-		"--authorization-mode=Node,RBAC",
-		"--enable-admission-plugins=NodeRestriction",
-		"--service-cluster-ip-range="+ServiceCIDR,
-		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+pki("sa.key"),
-		"--service-account-signing-key-file="+pki("sa.key"),
-		"--allow-privileged=true",
-	); err != nil {
-		return err
 	}
 	if err := c.waitAPI(ctx); err != nil {
 		return err
 	}
-	kcm := c.path("cp", "controller-manager.kubeconfig")
-	if err := start("kube-controller-manager",
-		"--kubeconfig="+kcm, "--authentication-kubeconfig="+kcm, "--authorization-kubeconfig="+kcm,
-		"--bind-address=127.0.0.1",
-		"--leader-elect=false",
-		"--use-service-account-credentials=true",
-		"--root-ca-file="+pki("ca.crt"),
-		"--service-account-private-key-file="+pki("sa.key"),
-		"--cluster-signing-cert-file="+pki("ca.crt"), "--cluster-signing-key-file="+pki("ca.key"),
-		"--service-cluster-ip-range="+ServiceCIDR,
-		"--cluster-cidr="+ClusterCIDR,
-		"--node-monitor-grace-period="+c.cfg.NodeMonitorGracePeriod.String(),
-	); err != nil {
-		return err
+	for _, l := range ls[2:] {
+		if err := c.start(l); err != nil {
+			return err
+		}
 	}
-	sched := c.path("cp", "scheduler.kubeconfig")
-	return start("kube-scheduler",
-		"--kubeconfig="+sched, "--authentication-kubeconfig="+sched, "--authorization-kubeconfig="+sched,
-		"--bind-address=127.0.0.1",
-		"--leader-elect=false",
-	)
+	return nil
 }
 
 // AdminRESTConfig is the admin identity, dialing the API server inside the
-// control-plane namespace directly (not through the forwarder).
+// control-plane namespace directly (not through the forwarder); on the host network,
+// plainly.
 func (c *Cluster) adminREST() (*rest.Config, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.path("cp", "admin.kubeconfig"))
 	if err != nil {
 		return nil, err
 	}
-	cfg.Dial = c.dialer.DialContext
+	if c.dialer != nil {
+		cfg.Dial = c.dialer.DialContext
+	}
 	cfg.Timeout = 5 * time.Second
 	return cfg, nil
 }
@@ -717,7 +881,9 @@ state = %s
 	}
 	// Written before containerd starts: a file moved in later was not noticed. No
 	// ipMasq: pod-to-pod traffic is routed, not masqueraded; the node's own rules are
-	// kube-proxy's.
+	// kube-proxy's. portmap gives containers' hostPorts, as the CNI configurations
+	// kubeadm clusters use do (containerd passes the sandbox's port mappings to it);
+	// its iptables rules live in the node's namespace like everything else.
 	cni := fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "nodekit",
@@ -734,6 +900,10 @@ state = %s
         "routes": [{"dst": "0.0.0.0/0"}],
         "dataDir": %q
       }
+    },
+    {
+      "type": "portmap",
+      "capabilities": {"portMappings": true}
     }
   ]
 }
@@ -782,8 +952,13 @@ func RuntimeReady(ctx context.Context, endpoint string) error {
 	return fmt.Errorf("RuntimeReady is not true: %v", resp.GetStatus())
 }
 
-// Serve runs the forwarder until ctx ends.
+// Serve runs the forwarder until ctx ends. On the host network there is none: it only
+// waits.
 func (c *Cluster) Serve(ctx context.Context) error {
+	if c.Listener == nil {
+		<-ctx.Done()
+		return nil
+	}
 	defer c.dialer.Close()
 	return Forward(ctx, c.Listener, c.dialer, net.JoinHostPort(ControlPlaneIP, strconv.Itoa(APIServerPort)))
 }
