@@ -397,6 +397,15 @@ func (c *Client) StopContainer(ctx context.Context, id string, grace time.Durati
 	})
 }
 
+// UpdateContainerResources changes a running container's cgroup limits in
+// place (an in-place pod resize).
+func (c *Client) UpdateContainerResources(ctx context.Context, id string, resources *runtimeapi.LinuxContainerResources) error {
+	return c.do(ctx, "update_container", "UpdateContainerResources", containerObject(id), c.timeout, func(ctx context.Context) error {
+		_, err := c.runtime.UpdateContainerResources(ctx, &runtimeapi.UpdateContainerResourcesRequest{ContainerId: id, Linux: resources})
+		return err
+	})
+}
+
 // RemoveContainer removes a container; a running one is killed first.
 func (c *Client) RemoveContainer(ctx context.Context, id string) error {
 	return c.do(ctx, "remove_container", "RemoveContainer", containerObject(id), c.timeout, func(ctx context.Context) error {

@@ -348,6 +348,12 @@ func containerResources(c *corev1.Container) *runtimeapi.LinuxContainerResources
 	}
 }
 
+// ContainerResources is the Linux resources ContainerConfig gives container c,
+// for UpdateContainerResources when the container is resized in place.
+func ContainerResources(c *corev1.Container) *runtimeapi.LinuxContainerResources {
+	return containerResources(c)
+}
+
 // milliCPUToShares: 1024 shares per CPU, clamped to [2, 262144]; no request gets 2.
 func milliCPUToShares(milliCPU int64) int64 {
 	shares := milliCPU * cpuSharesPerCPU / 1000

@@ -63,6 +63,14 @@ type Actions struct {
 	EphemeralContainersToStart []int
 	// ContainersToKill, in the order found (init containers, then app containers).
 	ContainersToKill []KillAction
+	// ContainersToUpdate are the running containers resized in place, per
+	// resource (cpu, memory), decreases before increases. Set only when
+	// ActionOptions.Actuated is given.
+	ContainersToUpdate map[corev1.ResourceName][]ContainerUpdate
+	// UpdatePodResources: a container restarts or starts with resources other
+	// than it ran with (resizePolicy RestartContainer), so the pod cgroup is
+	// resized before it starts.
+	UpdatePodResources bool
 }
 
 // ActionOptions are the inputs of ComputeActions besides the pod and its view.
@@ -77,6 +85,10 @@ type ActionOptions struct {
 	// ContainerStatus.ContainerID form ("containerd://<id>"). Empty means
 	// DefaultRuntimeName.
 	RuntimeName string
+	// Actuated gives the resources a container of the pod was last created or
+	// updated with (the kubelet's actuated state); the pod's spec holds the
+	// allocated ones. Nil: no in-place resize is computed.
+	Actuated func(container string) (corev1.ResourceRequirements, bool)
 }
 
 // ContainerHash is the kubelet's container hash as nodekit writes it: FNV-32a over

@@ -17,13 +17,14 @@ type computer struct {
 	runtimeName string
 	actions     Actions
 	killed      map[string]bool
+	actuated    func(string) (corev1.ResourceRequirements, bool)
 }
 
 func computeActions(pod *corev1.Pod, view *PodView, opts ActionOptions) Actions {
 	if view == nil {
 		view = &PodView{}
 	}
-	c := &computer{pod: pod, view: view, probes: opts.Probes, hash: opts.Hash, runtimeName: opts.RuntimeName, killed: map[string]bool{}}
+	c := &computer{pod: pod, view: view, probes: opts.Probes, hash: opts.Hash, runtimeName: opts.RuntimeName, killed: map[string]bool{}, actuated: opts.Actuated}
 	if c.runtimeName == "" {
 		c.runtimeName = DefaultRuntimeName
 	}
@@ -293,6 +294,8 @@ func (c *computer) compute() Actions {
 		} else if r, ok := c.probe(Startup, st.GetId()); ok && r == ProbeFailure {
 			msg = fmt.Sprintf("Container %s failed startup probe", ctr.Name)
 			reason = KillStartupProbe
+		} else if !c.resize(ctr, st, func() { c.actions.ContainersToStart = append(c.actions.ContainersToStart, i) }) {
+			continue // resizePolicy RestartContainer: killed and started again
 		} else {
 			keep++
 			continue
@@ -307,6 +310,9 @@ func (c *computer) compute() Actions {
 		c.actions.KillPod = true
 		// Sidecars alone must not keep the pod alive.
 		c.actions.InitContainersToStart = nil
+	}
+	if !c.actions.UpdatePodResources {
+		c.actions.UpdatePodResources = c.startingResized()
 	}
 	return c.actions
 }
@@ -395,8 +401,10 @@ func (c *computer) initActions() bool {
 				if r == ProbeFailure {
 					c.kill(st, ctr, KillLivenessProbe, fmt.Sprintf("Init container %s failed liveness probe", ctr.Name))
 					toStart = append(toStart, i)
+					break
 				}
 			}
+			c.resize(ctr, st, func() { toStart = append(toStart, i) })
 		case runtimeapi.ContainerState_CONTAINER_EXITED:
 			if sidecar {
 				toStart = append(toStart, i)

@@ -36,6 +36,10 @@ type StatusInput struct {
 	// RuntimeName prefixes container IDs ("containerd://<id>"); empty means
 	// DefaultRuntimeName.
 	RuntimeName string
+	// ResizeConditions are the PodResizePending and PodResizeInProgress
+	// conditions the agent keeps for the pod (the kubelet's status manager
+	// does); they replace any in pod.Status.
+	ResizeConditions []corev1.PodCondition
 }
 
 // PodStatus computes the status the kubelet would write for pod from the

@@ -78,6 +78,8 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	s.InitContainerStatuses = containerStatuses(pod, view, in, old.InitContainerStatuses, pod.Spec.InitContainers, hasInits, true)
 	s.EphemeralContainerStatuses = containerStatuses(pod, view, in, old.EphemeralContainerStatuses, ephemeralSpecs(pod), hasInits, false)
 	setProbeFlags(pod, &s, in)
+	setResourceStatuses(pod, view, s.ContainerStatuses, old.ContainerStatuses, pod.Spec.Containers)
+	setResourceStatuses(pod, view, s.InitContainerStatuses, old.InitContainerStatuses, pod.Spec.InitContainers)
 
 	all := append(append([]corev1.ContainerStatus{}, s.ContainerStatuses...), s.InitContainerStatuses...)
 	s.Phase = phase(pod, all, in.Terminal, view.anyActiveRegular(pod))
@@ -94,7 +96,7 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	}
 
 	for _, c := range old.Conditions {
-		if !kubeletConditions[c.Type] {
+		if !kubeletConditions[c.Type] && !resizeConditions[c.Type] {
 			s.Conditions = append(s.Conditions, c)
 		}
 	}
@@ -119,6 +121,8 @@ func podStatus(pod *corev1.Pod, view *PodView, in StatusInput) corev1.PodStatus 
 	}
 	s.ObservedGeneration = pod.Generation
 	stampConditions(s.Conditions, old.Conditions, in.Now)
+	// The resize conditions carry the generation and times the agent gave them.
+	s.Conditions = append(s.Conditions, in.ResizeConditions...)
 
 	for _, ip := range in.HostIPs {
 		s.HostIPs = append(s.HostIPs, corev1.HostIP{IP: ip})

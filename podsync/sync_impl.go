@@ -136,7 +136,9 @@ func (s *Syncer) syncPod(ctx context.Context, pod *corev1.Pod, view *PodView) *S
 		return res
 	}
 
-	actions := ComputeActions(pod, view, ActionOptions{Probes: s.cfg.Probes, Hash: s.cfg.Hash, RuntimeName: s.cfg.RuntimeName})
+	s.initActuated(pod)
+	actuated := func(name string) (corev1.ResourceRequirements, bool) { return s.actuatedResources(pod.UID, name) }
+	actions := ComputeActions(pod, view, ActionOptions{Probes: s.cfg.Probes, Hash: s.cfg.Hash, RuntimeName: s.cfg.RuntimeName, Actuated: actuated})
 	log.V(4).Info("Computed pod actions", "actions", actions)
 	if actions.CreateSandbox && actions.SandboxID != "" {
 		s.event(pod, corev1.EventTypeNormal, EventSandboxChanged, "Pod sandbox changed, it will be killed and re-created.")
@@ -175,6 +177,9 @@ func (s *Syncer) syncPod(ctx context.Context, pod *corev1.Pod, view *PodView) *S
 		if !pod.Spec.HostNetwork {
 			podIPs = ips
 		}
+	}
+	if len(actions.ContainersToUpdate) > 0 || actions.UpdatePodResources {
+		res.add(ActionResizePodInPlace, formatPod(pod), s.resizePod(ctx, pod, actions))
 	}
 	if !actions.CreateSandbox && len(actions.InitContainersToStart) == 0 && len(actions.ContainersToStart) == 0 &&
 		len(actions.EphemeralContainersToStart) == 0 {
@@ -348,6 +353,8 @@ func (s *Syncer) startContainerSteps(ctx context.Context, pod *corev1.Pod, ctr *
 		return failure(ErrCreateContainerConfig, msg, "%s", what)
 	}
 	joinTargetPID(cfg, target)
+	// Created with the pod's (allocated) resources: they are now actuated.
+	s.setActuated(pod.UID, ctr.Name, ctr.Resources)
 	id, err := s.cfg.Runtime.CreateContainer(ctx, sandboxID, cfg, sbCfg)
 	if err != nil {
 		msg := grpcMessage(err)
@@ -774,6 +781,7 @@ func (s *Syncer) removePod(ctx context.Context, uid types.UID) error {
 	if len(errs) == 0 {
 		s.mu.Lock()
 		delete(s.waiting, uid)
+		delete(s.actuated, uid)
 		for key := range s.pullErrors {
 			if strings.HasPrefix(key, string(uid)+"_") {
 				delete(s.pullErrors, key)

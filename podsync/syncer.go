@@ -49,6 +49,9 @@ type Config struct {
 	// MinGracePeriod is the least grace a container gets when its preStop hook
 	// used up the pod's (the kubelet's minimum, 2s, when zero).
 	MinGracePeriod time.Duration
+	// PodCgroups resizes the pod cgroup around an in-place resize of its
+	// containers. Nil: only the containers are resized.
+	PodCgroups PodCgroups
 }
 
 // Syncer drives pods on a Runtime the way the kubelet's kuberuntime manager does.
@@ -63,6 +66,9 @@ type Syncer struct {
 	// pullErrors keeps the last pull failure per image back-off key, for the
 	// ImagePullBackOff message.
 	pullErrors map[string]string
+	// actuated are the resources each container was last created or updated
+	// with, per pod UID and container name (the kubelet's actuated state).
+	actuated map[types.UID]map[string]corev1.ResourceRequirements
 }
 
 // New validates cfg and returns a Syncer.
@@ -103,7 +109,8 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.MinGracePeriod == 0 {
 		cfg.MinGracePeriod = minimumGracePeriod
 	}
-	return &Syncer{cfg: cfg, started: cfg.Clock.Now(), waiting: map[types.UID]map[string]Waiting{}, pullErrors: map[string]string{}}, nil
+	return &Syncer{cfg: cfg, started: cfg.Clock.Now(), waiting: map[types.UID]map[string]Waiting{}, pullErrors: map[string]string{},
+		actuated: map[types.UID]map[string]corev1.ResourceRequirements{}}, nil
 }
 
 // minimumGracePeriod is the kubelet's floor for a container's stop grace.

@@ -65,6 +65,14 @@ func (m *podManager) admit(pod *corev1.Pod) (reason, message string, ok bool) {
 	if reason, msg, ok := m.sysctls.admit(pod); !ok {
 		return reason, msg, false
 	}
+	return m.fits(pod)
+}
+
+// fits runs the kubelet's predicate admit handler, for a new pod and for a resize
+// alike: the OS and supplemental-group checks, pod's requests against the node's
+// allocatable and the other admitted pods' allocated requests, then affinity,
+// node name, host ports and NoExecute taints.
+func (m *podManager) fits(pod *corev1.Pod) (reason, message string, ok bool) {
 	node := m.cfg.node.admissionNode()
 	if reason, msg, ok := admitOnNode(pod, node); !ok {
 		return reason, msg, false
@@ -74,7 +82,8 @@ func (m *podManager) admit(pod *corev1.Pod) (reason, message string, ok bool) {
 	var others []*corev1.Pod
 	for _, e := range m.pods {
 		if e.admitted && e.pod.UID != pod.UID && e.pod.Status.Phase != corev1.PodSucceeded && e.pod.Status.Phase != corev1.PodFailed {
-			others = append(others, e.pod)
+			allocated, _ := m.alloc.pod(e.pod)
+			others = append(others, allocated)
 		}
 	}
 	m.mu.Unlock()

@@ -72,7 +72,9 @@ type podManager struct {
 	pullSecrets *pullSecretCredentials
 	status      *statusManager
 	events      *eventAdapter
-	hostIPs     []string
+	// alloc holds what each admitted pod was allocated (in-place resize).
+	alloc   *allocations
+	hostIPs []string
 
 	mu   sync.Mutex
 	pods map[types.UID]*podEntry
@@ -108,6 +110,7 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 		fingerprints: map[types.UID]string{},
 	}
 	m.hostIPs = []string{cfg.nodeIP.String()}
+	m.alloc = newAllocations(m.clock.Now)
 	m.events = &eventAdapter{recorder: cfg.recorder}
 	var envSource podenv.Source = emptyEnvSource{}
 	var volSources volume.Sources
@@ -161,6 +164,7 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 		Probes:      podsync.ProbeResultsFunc(m.probeResult),
 		RuntimeName: cfg.runtime.RuntimeVersion().GetRuntimeName(),
 		Credentials: m.pullSecrets,
+		PodCgroups:  podResizer{cg},
 	})
 	if err != nil {
 		return nil, err
@@ -558,6 +562,7 @@ func (m *podManager) syncPod(ctx context.Context, e *podEntry) (finished bool, e
 			m.status.write(ctx, pod, e.static, st)
 			return false, nil
 		}
+		m.alloc.set(pod)
 		m.mu.Lock()
 		e.admitted = true
 		m.mu.Unlock()
@@ -576,6 +581,10 @@ func (m *podManager) syncPod(ctx context.Context, e *podEntry) (finished bool, e
 		return false, nil
 	}
 
+	statusPod := pod
+	// From here on the pod runs with what it was allocated (an in-place resize
+	// the node cannot fit yet stays pending).
+	pod = m.handleResize(pod)
 	if err := m.ensurePodCgroup(ctx, pod); err != nil {
 		return false, err
 	}
@@ -592,13 +601,14 @@ func (m *podManager) syncPod(ctx context.Context, e *podEntry) (finished bool, e
 	}
 	m.pullSecrets.refresh(ctx, pod)
 	res := m.syncer.SyncPod(ctx, pod, view)
+	m.resizeProgress(ctx, pod, res)
 	st := m.computeStatus(ctx, pod, false)
 	m.setStatus(e, st)
 	if !e.started && st.Phase == corev1.PodRunning {
 		e.started = true
 		podStartDuration.Observe(m.clock.Since(e.firstSeen).Seconds())
 	}
-	m.status.write(ctx, pod, e.static, st)
+	m.status.write(ctx, statusPod, e.static, st)
 	if st.Phase == corev1.PodSucceeded || st.Phase == corev1.PodFailed {
 		// Done for good (restartPolicy Never/OnFailure): stop the sandbox, keep the
 		// containers for their status and logs.
@@ -631,7 +641,13 @@ func (m *podManager) computeStatus(ctx context.Context, pod *corev1.Pod, termina
 	if err != nil {
 		view = &podsync.PodView{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}
 	}
-	st := m.syncer.PodStatus(pod, view, podsync.StatusInput{HostIPs: m.hostIPs, Terminal: terminal})
+	if terminal {
+		// determinePodResizeStatus: a pod that will not run again has no resize.
+		m.alloc.clearPending(pod.UID)
+		m.alloc.clearInProgress(pod.UID)
+	}
+	st := m.syncer.PodStatus(pod, view, podsync.StatusInput{HostIPs: m.hostIPs, Terminal: terminal,
+		ResizeConditions: m.alloc.conditions(pod.UID)})
 	m.probes.UpdatePodStatus(pod, &st)
 	return &st
 }
@@ -693,10 +709,12 @@ func (m *podManager) terminate(ctx context.Context, e *podEntry, pod *corev1.Pod
 	_ = os.RemoveAll(cri.PodLogsDirectory(m.cfg.cfg.PodLogsDir, pod))
 	m.status.forget(pod.UID)
 	m.pullSecrets.forget(pod.UID)
+	m.alloc.forget(pod.UID)
 	m.mu.Lock()
 	delete(m.pods, pod.UID)
 	m.mu.Unlock()
 	klog.V(2).InfoS("Pod removed from the node", "pod", klog.KObj(pod))
+	m.retryPendingResizes()
 	return true, nil
 }
 
