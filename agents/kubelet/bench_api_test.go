@@ -3,6 +3,7 @@ package main_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -19,8 +20,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/client-go/transport/spdy"
+	streamspdy "k8s.io/streaming/pkg/httpstream/spdy"
 
 	"github.com/nodekit-dev/nodekit/internal/testenv"
 	"github.com/nodekit-dev/nodekit/internal/testenv/containerd"
@@ -263,11 +265,13 @@ func TestKubeletAPIBench(t *testing.T) {
 		}
 	}
 	t.Logf("load average after kubectl exec: %s", loadAvg(t))
+	for _, n := range nodes {
+		t.Logf("%-8s kubectl exec -- true over %d: %s", n.name, execRuns, latSummary(lat[n.name]))
+	}
 	directExec := map[string][]time.Duration{}
-	execUser := cp.UserConfig(t, controlplane.KubeletClientUser, "system:masters")
 	for i := 0; i < execWarmup+execRuns; i++ {
 		for _, n := range nodes {
-			d := kubeletExec(t, n, execUser, "big-"+n.name)
+			d := kubeletExec(t, n, cert, "big-"+n.name)
 			if i >= execWarmup {
 				directExec[n.name] = append(directExec[n.name], d)
 			}
@@ -282,7 +286,6 @@ func TestKubeletAPIBench(t *testing.T) {
 	for _, n := range nodes {
 		t.Logf("%-8s kubectl logs 100 MiB: median %.1f MiB/s over %d runs %v", n.name, med(rate[n.name]), logRuns, fmtRates(rate[n.name]))
 		t.Logf("%-8s kubelet API containerLogs 100 MiB: median %.1f MiB/s over %d runs %v", n.name, med(direct[n.name]), logRuns, fmtRates(direct[n.name]))
-		t.Logf("%-8s kubectl exec -- true over %d: %s", n.name, execRuns, latSummary(lat[n.name]))
 		t.Logf("%-8s kubelet API exec true over %d: %s", n.name, execRuns, latSummary(directExec[n.name]))
 	}
 	ratio := func(m map[string][]time.Duration, p float64) float64 {
@@ -294,21 +297,21 @@ func TestKubeletAPIBench(t *testing.T) {
 }
 
 // kubeletExec runs `true` in pod's main container through the kubelet's /exec inside
-// the node's namespace as user (kube-apiserver's kubelet client certificate) and
+// the node's namespace with cert (kube-apiserver's kubelet client certificate) and
 // returns how long the whole SPDY session took (connect, upgrade, exec, exit status).
-func kubeletExec(t *testing.T, n *testNode, user *rest.Config, pod string) time.Duration {
+func kubeletExec(t *testing.T, n *testNode, cert *tls.Certificate, pod string) time.Duration {
 	t.Helper()
-	rc := rest.CopyConfig(user)
-	rc.Host = fmt.Sprintf("https://%s:10250", n.env.NodeIP)
-	rc.CAData, rc.CAFile = nil, ""
-	rc.Insecure = true // the kubelet's self-signed serving certificate, as kube-apiserver here
-	rc.Dial = n.env.Node.Dial
-	u, err := url.Parse(fmt.Sprintf("%s/exec/default/%s/main?command=true&output=1&error=1", rc.Host, pod))
+	u, err := url.Parse(fmt.Sprintf("https://%s:10250/exec/default/%s/main?command=true&output=1&error=1", n.env.NodeIP, pod))
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	ex, err := remotecommand.NewSPDYExecutor(rc, http.MethodPost, u)
+	// The upgrade is dialled by kubeletClient's transport: in the node's namespace.
+	up, err := streamspdy.NewRoundTripperWithConfig(streamspdy.RoundTripperConfig{
+		UpgradeTransport: kubeletClient(n, cert).Transport, PingPeriod: 5 * time.Second,
+	})
+	require.NoError(t, err)
+	ex, err := remotecommand.NewSPDYExecutorForTransports(up, spdy.NewUpgraderForStreaming(up), http.MethodPost, u)
 	require.NoError(t, err)
 	var out, errb bytes.Buffer
 	err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &out, Stderr: &errb})
