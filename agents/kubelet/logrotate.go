@@ -355,3 +355,54 @@ func compressLog(path string) (err error) {
 	}
 	return nil
 }
+
+// cleanContainerLogs removes a container's log files before the container itself
+// goes, as the kubelet's removeContainerLog: the live log and, when rotation is on
+// (m not nil), every file of it (<path>*, the rotated and compressed ones too). A
+// container the runtime no longer knows has nothing left to find its logs by.
+func cleanContainerLogs(ctx context.Context, rt interface {
+	ContainerStatus(ctx context.Context, id string) (*runtimeapi.ContainerStatus, error)
+}, m *containerLogManager, id string) error {
+	if m != nil {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+	}
+	st, err := rt.ContainerStatus(ctx, id)
+	if errors.Is(err, cri.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("failed to get container status %q: %w", id, err)
+	}
+	path := st.GetLogPath()
+	if path == "" {
+		return nil
+	}
+	files := []string{path}
+	if m != nil {
+		pattern := path + "*"
+		if files, err = filepath.Glob(pattern); err != nil {
+			return fmt.Errorf("failed to list all log files with pattern %q: %w", pattern, err)
+		}
+	}
+	for _, f := range files {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("failed to remove container %q log %q: %w", id, f, err)
+		}
+	}
+	return nil
+}
+
+// logCleaningRuntime is the CRI client the pod syncer removes containers through:
+// their log files go first (cleanContainerLogs). Everything else is the client's.
+type logCleaningRuntime struct {
+	*cri.Client
+	logs *containerLogManager
+}
+
+func (r logCleaningRuntime) RemoveContainer(ctx context.Context, id string) error {
+	if err := cleanContainerLogs(ctx, r.Client, r.logs, id); err != nil {
+		return err
+	}
+	return r.Client.RemoveContainer(ctx, id)
+}

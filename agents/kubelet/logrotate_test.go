@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -21,6 +22,8 @@ import (
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/nodekit-dev/nodekit/cri"
 )
 
 // fakeLogRuntime is a runtime whose containers log to files in a test folder:
@@ -29,6 +32,7 @@ type fakeLogRuntime struct {
 	mu        sync.Mutex
 	ctrs      map[string]*runtimeapi.ContainerStatus
 	reopenErr error
+	statusErr error
 	reopened  []string
 	listed    chan struct{}
 }
@@ -61,9 +65,12 @@ func (f *fakeLogRuntime) ListContainers(_ context.Context, filter *runtimeapi.Co
 func (f *fakeLogRuntime) ContainerStatus(_ context.Context, id string) (*runtimeapi.ContainerStatus, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.statusErr != nil {
+		return nil, f.statusErr
+	}
 	st, ok := f.ctrs[id]
 	if !ok {
-		return nil, errors.New("no such container " + id)
+		return nil, fmt.Errorf("%w: no such container %s", cri.ErrNotFound, id)
 	}
 	return st, nil
 }
@@ -332,4 +339,32 @@ func TestNewContainerLogManager(t *testing.T) {
 	assert.Equal(t, 5, m.maxFiles)
 	assert.Equal(t, 1, m.workers)
 	assert.Equal(t, 10*time.Second, m.interval)
+}
+
+func TestCleanContainerLogs(t *testing.T) {
+	for _, rotation := range []bool{true, false} {
+		t.Run(fmt.Sprintf("rotation %v", rotation), func(t *testing.T) {
+			f := newRotateFixture(t, "10", 5)
+			m := f.m
+			if !rotation {
+				m = nil
+			}
+			for _, name := range []string{"0.log", "0.log.20261203-090000.gz", "0.log.20261203-091000", "1.log", "10.log"} {
+				writeFile(t, filepath.Join(f.dir, name), "x")
+			}
+			require.NoError(t, cleanContainerLogs(context.Background(), f.rt, m, "c1"))
+			if rotation {
+				// Every file of the container's log; the next attempt's are not its.
+				assert.Equal(t, []string{"1.log", "10.log"}, f.files(t))
+			} else {
+				assert.Equal(t, []string{"0.log.20261203-090000.gz", "0.log.20261203-091000", "1.log", "10.log"}, f.files(t))
+			}
+			// A container the runtime no longer knows: nothing to do.
+			require.NoError(t, cleanContainerLogs(context.Background(), f.rt, m, "gone"))
+			f.rt.statusErr = errors.New("runtime down")
+			err := cleanContainerLogs(context.Background(), f.rt, m, "c1")
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), `failed to get container status "c1"`)
+		})
+	}
 }

@@ -285,7 +285,7 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 	}
 	pods, err := newPodManager(podManagerConfig{
 		client: client, nodeName: nodeName, cfg: cfg, rootDir: o.rootDir, runtime: runtime,
-		recorder: recorder, health: health, node: ns, nodeIP: nodeIP,
+		recorder: recorder, health: health, node: ns, nodeIP: nodeIP, logs: logManager,
 	})
 	if err != nil {
 		return err
