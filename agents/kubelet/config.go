@@ -72,6 +72,8 @@ var honouredFields = map[string]bool{
 	"rotateCertificates": true, "serverTLSBootstrap": true,
 	// Pod admission by securityContext.sysctls (sysctl.go).
 	"allowedUnsafeSysctls": true,
+	// Container log rotation (logrotate.go).
+	"containerLogMaxSize": true, "containerLogMaxFiles": true, "containerLogMaxWorkers": true, "containerLogMonitorInterval": true,
 }
 
 // loadConfig reads a KubeletConfiguration file (YAML or JSON), refuses unknown or
@@ -253,6 +255,12 @@ func setDefaults(c *kubeletv1beta1.KubeletConfiguration) {
 	if c.ContainerLogMaxFiles == nil {
 		c.ContainerLogMaxFiles = ptr.To[int32](5)
 	}
+	if c.ContainerLogMaxWorkers == nil {
+		c.ContainerLogMaxWorkers = ptr.To[int32](1)
+	}
+	if c.ContainerLogMonitorInterval == nil {
+		c.ContainerLogMonitorInterval = &metav1.Duration{Duration: 10 * time.Second}
+	}
 	if c.RegisterNode == nil {
 		c.RegisterNode = ptr.To(true)
 	}
@@ -309,6 +317,20 @@ func validateConfig(c *kubeletv1beta1.KubeletConfiguration) error {
 		if d.v < 0 {
 			bad("%s %v must not be negative", d.name, d.v)
 		}
+	}
+	// The kubelet's checks of the log rotation fields (validation.go and
+	// NewContainerLogManager), with its words.
+	if *c.ContainerLogMaxWorkers < 1 {
+		bad("invalid configuration: containerLogMaxWorkers must be greater than or equal to 1")
+	}
+	if c.ContainerLogMonitorInterval.Duration.Seconds() < 3 {
+		bad("invalid configuration: containerLogMonitorInterval must be a positive time duration greater than or equal to 3s")
+	}
+	if *c.ContainerLogMaxFiles <= 1 {
+		bad("invalid configuration: containerLogMaxFiles must be greater than 1")
+	}
+	if _, err := parseLogMaxSize(c.ContainerLogMaxSize); err != nil {
+		bad("containerLogMaxSize: failed to parse container log max size %q: %v", c.ContainerLogMaxSize, err)
 	}
 	if net.ParseIP(c.HealthzBindAddress) == nil {
 		bad("healthzBindAddress %q is not a valid IP address", c.HealthzBindAddress)

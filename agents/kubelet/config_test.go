@@ -102,6 +102,10 @@ func TestLoadConfigErrorsNameTheField(t *testing.T) {
 		"bad clusterDNS":   {header + "clusterDNS: [not-an-ip]\n", `clusterDNS[0] "not-an-ip"`},
 		"bad eviction":     {header + "evictionHard: {memory.available: 200%}\n", `evictionHard["memory.available"]`},
 		"bad taint":        {header + "registerWithTaints: [{key: a, effect: Sometimes}]\n", `registerWithTaints[0]: invalid taint effect "Sometimes"`},
+		"log max files":    {header + "containerLogMaxFiles: 1\n", "containerLogMaxFiles must be greater than 1"},
+		"log max workers":  {header + "containerLogMaxWorkers: 0\n", "containerLogMaxWorkers must be greater than or equal to 1"},
+		"log interval":     {header + "containerLogMonitorInterval: 2s\n", "containerLogMonitorInterval must be a positive time duration greater than or equal to 3s"},
+		"log max size":     {header + "containerLogMaxSize: lots\n", `containerLogMaxSize: failed to parse container log max size "lots"`},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

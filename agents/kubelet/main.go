@@ -215,6 +215,11 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 	if err != nil {
 		return err
 	}
+	// Container log rotation (nil when containerLogMaxSize is negative).
+	logManager, err := newContainerLogManager(criLogRuntime{Client: runtime, timeout: cfg.RuntimeRequestTimeout.Duration}, cfg, clock.RealClock{})
+	if err != nil {
+		return fmt.Errorf("failed to initialize container log manager: %w", err)
+	}
 
 	var recorder record.EventRecorder
 	if client != nil {
@@ -280,7 +285,7 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 	}
 	pods, err := newPodManager(podManagerConfig{
 		client: client, nodeName: nodeName, cfg: cfg, rootDir: o.rootDir, runtime: runtime,
-		recorder: recorder, health: health, node: ns, nodeIP: nodeIP,
+		recorder: recorder, health: health, node: ns, nodeIP: nodeIP, logs: logManager,
 	})
 	if err != nil {
 		return err
@@ -290,6 +295,9 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 			klog.ErrorS(err, "Pod manager stopped")
 		}
 	})
+	if logManager != nil {
+		start(func() { logManager.run(logCtx) })
+	}
 	if *cfg.EnableServer {
 		sc := ServerConfig{
 			NodeName: nodeName, Hostname: hostname, CertDir: o.certDir, Config: cfg, Client: client,

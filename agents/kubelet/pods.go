@@ -42,6 +42,9 @@ type podManagerConfig struct {
 	cfg      *kubeletv1beta1.KubeletConfiguration
 	rootDir  string
 	runtime  *cri.Client
+	// logs rotates container logs (nil when rotation is off); containers removed
+	// through the syncer lose their log files first, rotated ones included.
+	logs     *containerLogManager
 	recorder record.EventRecorder
 	health   *health
 	node     *nodeStatus
@@ -158,7 +161,7 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 		recorder = cfg.recorder
 	}
 	s, err := podsync.New(podsync.Config{
-		Runtime:     cfg.runtime,
+		Runtime:     logCleaningRuntime{Client: cfg.runtime, logs: cfg.logs},
 		Builder:     m.builder,
 		Events:      recorder,
 		Probes:      podsync.ProbeResultsFunc(m.probeResult),
