@@ -6,3 +6,7 @@ func (m *Manager) PodLocks() int {
 	defer m.mu.Unlock()
 	return len(m.pods)
 }
+
+// SetShuffle replaces the random order of merged trust anchors, so tests can
+// compare whole files and count merges.
+func (c *ClusterTrustBundles) SetShuffle(f func([]string)) { c.shuffle = f }

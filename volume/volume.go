@@ -52,6 +52,10 @@ type Config struct {
 	// Sources reads ConfigMaps, Secrets and service account tokens. Required for
 	// pods with configMap, secret or projected volumes; nil makes those fail.
 	Sources Sources
+	// TrustAnchors answers the clusterTrustBundle sources of projected volumes
+	// (ClusterTrustBundles is the kubelet's). Nil makes those fail, as the
+	// kubelet's static mode does.
+	TrustAnchors TrustAnchors
 	// Clock times token rotation. Default the real clock.
 	Clock clock.Clock
 	// NodeAllocatable defaults the limits a downwardAPI resourceFieldRef reads when
