@@ -448,7 +448,9 @@ func (m *Manager) setupProjected(ctx context.Context, pod *corev1.Pod, v *corev1
 				errs = append(errs, err)
 			}
 		case s.PodCertificate != nil:
-			errs = append(errs, fmt.Errorf("%w: projected source podCertificate", ErrUnsupportedVolume))
+			if err := m.podCertificatePayload(ctx, pod, v.Name, i, s.PodCertificate, mode, payload); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if err := aggregate(errs); err != nil {
@@ -525,6 +527,34 @@ func (m *Manager) trustBundlePayload(ctx context.Context, pod *corev1.Pod, s *co
 		mode = 0o600
 	}
 	payload[s.Path] = file{data: data, mode: os.FileMode(mode)}
+	return nil
+}
+
+// podCertificatePayload writes the pod's key and certificate chain (as a
+// credential bundle, key first, and/or as separate files), as the kubelet's
+// projected plugin does; mode 0600 when an fsGroup will widen it to 0640.
+func (m *Manager) podCertificatePayload(ctx context.Context, pod *corev1.Pod, volume string, index int, s *corev1.PodCertificateProjection, mode int32, payload map[string]file) error {
+	pc := m.cfg.PodCertificates
+	if pc == nil {
+		return errors.New("podCertificate projection is not supported without an API server")
+	}
+	key, chain, err := pc.CredentialBundle(ctx, pod, volume, index, s)
+	if err != nil {
+		return err
+	}
+	if fsGroup(pod) != nil {
+		mode = 0o600
+	}
+	if s.CredentialBundlePath != "" {
+		bundle := append(append([]byte{}, key...), chain...)
+		payload[s.CredentialBundlePath] = file{data: bundle, mode: os.FileMode(mode)}
+	}
+	if s.KeyPath != "" {
+		payload[s.KeyPath] = file{data: key, mode: os.FileMode(mode)}
+	}
+	if s.CertificateChainPath != "" {
+		payload[s.CertificateChainPath] = file{data: chain, mode: os.FileMode(mode)}
+	}
 	return nil
 }
 

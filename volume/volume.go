@@ -56,6 +56,9 @@ type Config struct {
 	// (ClusterTrustBundles is the kubelet's). Nil makes those fail, as the
 	// kubelet's static mode does.
 	TrustAnchors TrustAnchors
+	// PodCertificates answers the podCertificate sources of projected volumes
+	// (PodCertificateIssuer is the kubelet's). Nil makes those fail.
+	PodCertificates PodCertificates
 	// Clock times token rotation. Default the real clock.
 	Clock clock.Clock
 	// NodeAllocatable defaults the limits a downwardAPI resourceFieldRef reads when
@@ -346,6 +349,9 @@ func (m *Manager) Teardown(ctx context.Context, podUID types.UID) error {
 		}
 	}
 	m.tokens.forget(podUID)
+	if m.cfg.PodCertificates != nil {
+		m.cfg.PodCertificates.Forget(podUID)
+	}
 	logger.V(4).Info("Pod volumes torn down")
 	return nil
 }

@@ -66,7 +66,9 @@ type podManager struct {
 	volumes *volume.Manager
 	// trustBundles serves clusterTrustBundle projections; nil without an API server.
 	trustBundles *volume.ClusterTrustBundles
-	builder      *configBuilder
+	// podCerts issues podCertificate projections; nil without an API server.
+	podCerts *volume.PodCertificateIssuer
+	builder  *configBuilder
 	// sysctls admits pods by their securityContext.sysctls.
 	sysctls *sysctlAllowlist
 	cgroups *podCgroups
@@ -122,8 +124,11 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 			return nil, err
 		}
 		m.trustBundles = ctbs
+		if m.podCerts, err = volume.NewPodCertificateIssuer(volume.PodCertificateIssuerConfig{Client: cfg.client, NodeName: cfg.nodeName}); err != nil {
+			return nil, err
+		}
 	}
-	env, vols, err := newEnvAndVolumes(cfg, envSource, volSources, m.trustBundles)
+	env, vols, err := newEnvAndVolumes(cfg, envSource, volSources, m.trustBundles, m.podCerts)
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +189,7 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 // kubelet's defaultPodLimitsForDownwardAPI), and the size of memory-backed
 // emptyDirs. It is read once: machine capacity and reservations do not change
 // while the kubelet runs.
-func newEnvAndVolumes(cfg podManagerConfig, envSource podenv.Source, volSources volume.Sources, ctbs *volume.ClusterTrustBundles) (*podenv.Builder, *volume.Manager, error) {
+func newEnvAndVolumes(cfg podManagerConfig, envSource podenv.Source, volSources volume.Sources, ctbs *volume.ClusterTrustBundles, podCerts *volume.PodCertificateIssuer) (*podenv.Builder, *volume.Manager, error) {
 	var allocatable corev1.ResourceList
 	if cfg.node != nil {
 		allocatable = cfg.node.allocatable()
@@ -196,6 +201,9 @@ func newEnvAndVolumes(cfg podManagerConfig, envSource podenv.Source, volSources 
 	vc := volume.Config{RootDir: cfg.rootDir, Sources: volSources, NodeAllocatable: allocatable}
 	if ctbs != nil {
 		vc.TrustAnchors = ctbs
+	}
+	if podCerts != nil {
+		vc.PodCertificates = podCerts
 	}
 	vols, err := volume.New(vc)
 	if err != nil {
