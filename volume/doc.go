@@ -24,7 +24,8 @@
 //	secret         as configMap, on a tmpfs like the kubelet's
 //	downwardAPI    metadata fields and resourceFieldRef, items, modes
 //	projected      serviceAccountToken, configMap, secret, downwardAPI, clusterTrustBundle
-//	               (through Config.TrustAnchors); podCertificate is not supported
+//	               (through Config.TrustAnchors), podCertificate (through
+//	               Config.PodCertificates)
 //
 // Any other type makes Setup fail for that volume with an error wrapping
 // ErrUnsupportedVolume that names the volume and its type; the pod's other volumes
