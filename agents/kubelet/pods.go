@@ -297,6 +297,9 @@ func (m *podManager) run(ctx context.Context) error {
 	if m.trustBundles != nil {
 		goRun(func() { _ = m.trustBundles.Run(ctx) })
 	}
+	if m.podCerts != nil {
+		goRun(func() { m.watchPodCertificateRequests(ctx) })
+	}
 	if m.cfg.client != nil {
 		goRun(func() { m.watchAPI(ctx) })
 	} else {
