@@ -72,6 +72,7 @@ base=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/e2e-images
 out=$base/$key
 if [ -f "$out/.complete" ]; then
   log "images cached in $out"
+  touch "$out" # in use: kept by the pruning below
   echo "$out"
   exit 0
 fi
@@ -273,7 +274,9 @@ printf 'pause\t%s\tpause.tar\n' "$pause_name" >>"$work/out/images.tsv"
 touch "$work/out/.complete"
 rm -rf "$out"
 mv "$work/out" "$out"
-# Images from older versions of this script are dead weight.
-find "$base" -mindepth 1 -maxdepth 1 -type d ! -name "$key" ! -name ".build.*" -exec rm -rf {} +
+# Images from older versions of this script are dead weight once nothing has used them
+# for a day; younger ones may belong to another checkout running its own version beside
+# this one (its conformance run reads them while it goes).
+find "$base" -mindepth 1 -maxdepth 1 -type d ! -name "$key" ! -name ".build.*" -mtime +0 -exec rm -rf {} +
 log "images built in $out"
 echo "$out"

@@ -24,7 +24,8 @@
 //	secret         as configMap, on a tmpfs like the kubelet's
 //	downwardAPI    metadata fields and resourceFieldRef, items, modes
 //	projected      serviceAccountToken, configMap, secret, downwardAPI, clusterTrustBundle
-//	               is not supported
+//	               (through Config.TrustAnchors), podCertificate (through
+//	               Config.PodCertificates)
 //
 // Any other type makes Setup fail for that volume with an error wrapping
 // ErrUnsupportedVolume that names the volume and its type; the pod's other volumes
@@ -41,7 +42,9 @@
 // Setup on a pod already set up refreshes these volumes (a changed ConfigMap
 // reaches the files) and rotates service account tokens the way
 // pkg/kubelet/token does: a token is requested again once 80% of its TTL has
-// passed or it is older than 24 hours. Errors read like the kubelet's FailedMount
+// passed or it is older than 24 hours. clusterTrustBundle sources are answered
+// as pkg/kubelet/clustertrustbundle does (see ClusterTrustBundles): the
+// certificates of the matching bundles, each once, in random order. Errors read like the kubelet's FailedMount
 // events: `MountVolume.SetUp failed for volume "v" : configmap "x" not found`.
 //
 // subPath and subPathExpr are resolved inside the volume without following a

@@ -444,9 +444,13 @@ func (m *Manager) setupProjected(ctx context.Context, pod *corev1.Pod, v *corev1
 				errs = append(errs, err)
 			}
 		case s.ClusterTrustBundle != nil:
-			errs = append(errs, fmt.Errorf("%w: projected source clusterTrustBundle", ErrUnsupportedVolume))
+			if err := m.trustBundlePayload(ctx, pod, s.ClusterTrustBundle, mode, payload); err != nil {
+				errs = append(errs, err)
+			}
 		case s.PodCertificate != nil:
-			errs = append(errs, fmt.Errorf("%w: projected source podCertificate", ErrUnsupportedVolume))
+			if err := m.podCertificatePayload(ctx, pod, v.Name, i, s.PodCertificate, mode, payload); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if err := aggregate(errs); err != nil {
@@ -493,6 +497,64 @@ func (m *Manager) tokenPayload(ctx context.Context, pod *corev1.Pod, tp *corev1.
 		return err
 	}
 	payload[tp.Path] = file{data: []byte(tr.Status.Token), mode: os.FileMode(mode)}
+	return nil
+}
+
+// trustBundlePayload writes the certificates of the ClusterTrustBundles the
+// source names, as the kubelet's projected plugin does: by name or by signer and
+// selector, empty when optional and nothing matches, mode 0600 when an fsGroup
+// will widen it to 0640.
+func (m *Manager) trustBundlePayload(ctx context.Context, pod *corev1.Pod, s *corev1.ClusterTrustBundleProjection, mode int32, payload map[string]file) error {
+	ta := m.cfg.TrustAnchors
+	if ta == nil {
+		return errors.New("ClusterTrustBundle projection is not supported in static kubelet mode")
+	}
+	optional := s.Optional != nil && *s.Optional
+	var data []byte
+	var err error
+	switch {
+	case s.Name != nil:
+		data, err = ta.TrustAnchorsByName(ctx, *s.Name, optional)
+	case s.SignerName != nil:
+		data, err = ta.TrustAnchorsBySigner(ctx, *s.SignerName, s.LabelSelector, optional)
+	default:
+		err = errors.New("ClusterTrustBundle projection requires either name or signerName to be set")
+	}
+	if err != nil {
+		return err
+	}
+	if fsGroup(pod) != nil {
+		mode = 0o600
+	}
+	payload[s.Path] = file{data: data, mode: os.FileMode(mode)}
+	return nil
+}
+
+// podCertificatePayload writes the pod's key and certificate chain (as a
+// credential bundle, key first, and/or as separate files), as the kubelet's
+// projected plugin does; mode 0600 when an fsGroup will widen it to 0640.
+func (m *Manager) podCertificatePayload(ctx context.Context, pod *corev1.Pod, volume string, index int, s *corev1.PodCertificateProjection, mode int32, payload map[string]file) error {
+	pc := m.cfg.PodCertificates
+	if pc == nil {
+		return errors.New("podCertificate projection is not supported without an API server")
+	}
+	key, chain, err := pc.CredentialBundle(ctx, pod, volume, index, s)
+	if err != nil {
+		return err
+	}
+	if fsGroup(pod) != nil {
+		mode = 0o600
+	}
+	if s.CredentialBundlePath != "" {
+		bundle := append(append([]byte{}, key...), chain...)
+		payload[s.CredentialBundlePath] = file{data: bundle, mode: os.FileMode(mode)}
+	}
+	if s.KeyPath != "" {
+		payload[s.KeyPath] = file{data: key, mode: os.FileMode(mode)}
+	}
+	if s.CertificateChainPath != "" {
+		payload[s.CertificateChainPath] = file{data: chain, mode: os.FileMode(mode)}
+	}
 	return nil
 }
 

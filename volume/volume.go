@@ -52,6 +52,13 @@ type Config struct {
 	// Sources reads ConfigMaps, Secrets and service account tokens. Required for
 	// pods with configMap, secret or projected volumes; nil makes those fail.
 	Sources Sources
+	// TrustAnchors answers the clusterTrustBundle sources of projected volumes
+	// (ClusterTrustBundles is the kubelet's). Nil makes those fail, as the
+	// kubelet's static mode does.
+	TrustAnchors TrustAnchors
+	// PodCertificates answers the podCertificate sources of projected volumes
+	// (PodCertificateIssuer is the kubelet's). Nil makes those fail.
+	PodCertificates PodCertificates
 	// Clock times token rotation. Default the real clock.
 	Clock clock.Clock
 	// NodeAllocatable defaults the limits a downwardAPI resourceFieldRef reads when
@@ -342,6 +349,9 @@ func (m *Manager) Teardown(ctx context.Context, podUID types.UID) error {
 		}
 	}
 	m.tokens.forget(podUID)
+	if m.cfg.PodCertificates != nil {
+		m.cfg.PodCertificates.Forget(podUID)
+	}
 	logger.V(4).Info("Pod volumes torn down")
 	return nil
 }

@@ -22,7 +22,7 @@ func TestDownwardLimitsDefaultToNodeAllocatable(t *testing.T) {
 	require.False(t, cpu.IsZero())
 	require.False(t, mem.IsZero())
 
-	env, _, err := newEnvAndVolumes(podManagerConfig{cfg: ns.cfg, rootDir: t.TempDir(), node: ns}, emptyEnvSource{}, nil)
+	env, _, err := newEnvAndVolumes(podManagerConfig{cfg: ns.cfg, rootDir: t.TempDir(), node: ns}, emptyEnvSource{}, nil, nil, nil)
 	require.NoError(t, err)
 	ref := func(name, res string) corev1.EnvVar {
 		return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: res}}}

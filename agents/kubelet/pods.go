@@ -67,7 +67,11 @@ type podManager struct {
 	syncer  *podsync.Syncer
 	probes  *probe.Manager
 	volumes *volume.Manager
-	builder *configBuilder
+	// trustBundles serves clusterTrustBundle projections; nil without an API server.
+	trustBundles *volume.ClusterTrustBundles
+	// podCerts issues podCertificate projections; nil without an API server.
+	podCerts *volume.PodCertificateIssuer
+	builder  *configBuilder
 	// sysctls admits pods by their securityContext.sysctls.
 	sysctls *sysctlAllowlist
 	cgroups *podCgroups
@@ -120,8 +124,17 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 	if cfg.client != nil {
 		envSource = podenv.ClientsetSource(cfg.client)
 		volSources = volume.ClientsetSources(cfg.client)
+		// The kubelet's cache size: two merged bundles per pod.
+		ctbs, err := volume.NewClusterTrustBundles(volume.ClusterTrustBundlesConfig{Client: cfg.client, CacheSize: 2 * int(cfg.cfg.MaxPods)})
+		if err != nil {
+			return nil, err
+		}
+		m.trustBundles = ctbs
+		if m.podCerts, err = volume.NewPodCertificateIssuer(volume.PodCertificateIssuerConfig{Client: cfg.client, NodeName: cfg.nodeName}); err != nil {
+			return nil, err
+		}
 	}
-	env, vols, err := newEnvAndVolumes(cfg, envSource, volSources)
+	env, vols, err := newEnvAndVolumes(cfg, envSource, volSources, m.trustBundles, m.podCerts)
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +196,7 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 // kubelet's defaultPodLimitsForDownwardAPI), and the size of memory-backed
 // emptyDirs. It is read once: machine capacity and reservations do not change
 // while the kubelet runs.
-func newEnvAndVolumes(cfg podManagerConfig, envSource podenv.Source, volSources volume.Sources) (*podenv.Builder, *volume.Manager, error) {
+func newEnvAndVolumes(cfg podManagerConfig, envSource podenv.Source, volSources volume.Sources, ctbs *volume.ClusterTrustBundles, podCerts *volume.PodCertificateIssuer) (*podenv.Builder, *volume.Manager, error) {
 	var allocatable corev1.ResourceList
 	if cfg.node != nil {
 		allocatable = cfg.node.allocatable()
@@ -192,7 +205,14 @@ func newEnvAndVolumes(cfg podManagerConfig, envSource podenv.Source, volSources 
 	if err != nil {
 		return nil, nil, err
 	}
-	vols, err := volume.New(volume.Config{RootDir: cfg.rootDir, Sources: volSources, NodeAllocatable: allocatable})
+	vc := volume.Config{RootDir: cfg.rootDir, Sources: volSources, NodeAllocatable: allocatable}
+	if ctbs != nil {
+		vc.TrustAnchors = ctbs
+	}
+	if podCerts != nil {
+		vc.PodCertificates = podCerts
+	}
+	vols, err := volume.New(vc)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -281,6 +301,12 @@ func (m *podManager) run(ctx context.Context) error {
 			}
 		}
 	})
+	if m.trustBundles != nil {
+		goRun(func() { _ = m.trustBundles.Run(ctx) })
+	}
+	if m.podCerts != nil {
+		goRun(func() { m.watchPodCertificateRequests(ctx) })
+	}
 	if m.cfg.client != nil {
 		goRun(func() { m.watchAPI(ctx) })
 	} else {
