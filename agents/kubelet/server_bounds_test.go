@@ -46,7 +46,10 @@ func closedWithin(c net.Conn, d time.Duration) (bool, string) {
 // goroutine or fd is left once they are over. The timeouts are shortened (the kubelet's
 // are 4h, TestKubeletLimits checks them); the header limit is the kubelet's own.
 func TestServerBounds(t *testing.T) {
-	const timeout = time.Second
+	// Short enough that a header sent a byte every 50ms (about 6 s) is cut off, long
+	// enough that 1 MiB of oversized header crosses loopback TLS in time on a loaded
+	// 2-core machine (at 1 s, CI at load 25 saw the server time out before its 431).
+	const timeout = 3 * time.Second
 	const cutOff = "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request"
 	f := newServerFixture(t, func(c *ServerConfig) {
 		c.Config = c.Config.DeepCopy()
