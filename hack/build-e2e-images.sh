@@ -24,6 +24,16 @@
 #   registry.k8s.io/e2e-test-images/nonewprivs:1.4   upstream's nnp program (k8s.io/kubernetes/test/
 #                                                    images/nonewprivs, static), setuid root, on busybox
 #   registry.k8s.io/pause:3.10.2                     the project's pause (hack/setup-containerd.sh)
+#   registry.k8s.io/e2e-test-images/sample-apiserver:1.29.2
+#                                                    k8s.io/sample-apiserver v0.37.2 (upstream builds the
+#                                                    image from v0.33.7), static, as /sample-apiserver,
+#                                                    its ENTRYPOINT, on the project's busybox
+#   registry.k8s.io/etcd:3.7.0-0                     etcd v3.7.0's own server command (go.etcd.io/etcd/
+#                                                    server/v3, static) as /usr/local/bin/etcd, on busybox
+# The last two serve the Aggregator spec; both build in the small nested module hack/aggregator
+# (their versions pinned there, apart from upstream/e2e, whose build list keys e2e.test).
+# The etcd peer (upstream/cmd/etcd) cannot stand in: it takes only the flags the harness
+# passes, while the spec runs etcd --listen-client-urls URL --advertise-client-urls URL.
 # The DNS specs run `dig` and `getent` in the agnhost and glibc-dns-testing images, which
 # busybox lacks: upstream/e2e/cmd/dig is a small stand-in for both (static Go), put in
 # /usr/bin of those images. Many specs (lifecycle hooks, Services) exec `curl` in agnhost:
@@ -65,7 +75,7 @@ k8s_src=$(cd "$root/upstream/e2e" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 # add_plain_shell below); their package hashes are part of the key.
 deb_sha() { apt-cache show --no-all-versions "$1" 2>/dev/null | awk '/^SHA256:/ {print $2; exit}'; }
 shell_debs="$(deb_sha busybox) $(deb_sha libc6)"
-key=$( (echo "$shell_debs"; cat "$0" "$root"/upstream/e2e/cmd/dig/main.go "$root"/upstream/e2e/cmd/curl/main.go "$root"/upstream/e2e/cmd/nc/main.go "$root"/upstream/e2e/go.sum; go version
+key=$( (echo "$shell_debs"; cat "$0" "$root"/upstream/e2e/cmd/dig/main.go "$root"/upstream/e2e/cmd/curl/main.go "$root"/upstream/e2e/cmd/nc/main.go "$root"/upstream/e2e/go.sum "$root"/hack/aggregator/go.mod "$root"/hack/aggregator/go.sum; go version
   sha256sum "$agnhost" "$busybox_tar" "$e2e_busybox" "$pause_tar" "$k8s_src"/test/images/agnhost/porter/localhost.* "$k8s_src"/test/images/{kitten,nautilus}/html/*) |
   sha256sum | cut -c1-16)
 base=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/e2e-images
@@ -266,6 +276,26 @@ mkdir -p "$r/usr/local/bin"
 chmod 4755 "$r/usr/local/bin/nnp"
 pack "$name" "$r" "{\"Env\":[$path_env],\"Cmd\":[\"nnp\"]}" "$work/out/nonewprivs.tar"
 printf 'nonewprivs\t%s\tnonewprivs.tar\n' "$name" >>"$work/out/images.tsv"
+
+# --- sample-apiserver 1.29.2 and etcd 3.7.0-0 ---------------------------------------------
+# As upstream's images: /sample-apiserver, ENTRYPOINT /sample-apiserver (test/images/
+# sample-apiserver/Dockerfile); /usr/local/bin/etcd, CMD /usr/local/bin/etcd (etcd's image).
+name=$registry/sample-apiserver:1.29.2
+log "building $name (k8s.io/sample-apiserver, hack/aggregator)"
+r=$work/sample-apiserver
+unpack_busybox "$r"
+(cd "$root/hack/aggregator" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$r/sample-apiserver" k8s.io/sample-apiserver)
+pack "$name" "$r" "{\"Env\":[$path_env],\"Entrypoint\":[\"/sample-apiserver\"]}" "$work/out/sample-apiserver.tar"
+printf 'sample-apiserver\t%s\tsample-apiserver.tar\n' "$name" >>"$work/out/images.tsv"
+
+name=registry.k8s.io/etcd:3.7.0-0
+log "building $name (go.etcd.io/etcd/server/v3, hack/aggregator)"
+r=$work/etcd
+unpack_busybox "$r"
+mkdir -p "$r/usr/local/bin" "$r/var/lib/etcd"
+(cd "$root/hack/aggregator" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$r/usr/local/bin/etcd" go.etcd.io/etcd/server/v3)
+pack "$name" "$r" "{\"Env\":[$path_env],\"Cmd\":[\"/usr/local/bin/etcd\"],\"ExposedPorts\":{\"2379/tcp\":{},\"2380/tcp\":{}}}" "$work/out/etcd.tar"
+printf 'etcd\t%s\tetcd.tar\n' "$name" >>"$work/out/images.tsv"
 
 # --- pause -----------------------------------------------------------------------------
 cp "$pause_tar" "$work/out/pause.tar"

@@ -19,8 +19,9 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// authority is the cluster CA: it signs the API server's serving certificate and every
-// client certificate, and kube-controller-manager signs CSRs with it.
+// authority is a CA. The cluster CA signs the API server's serving certificate and every
+// client certificate, and kube-controller-manager signs CSRs with it; the front-proxy CA
+// signs only the client certificate kube-apiserver presents to aggregated API servers.
 type authority struct {
 	cert    *x509.Certificate
 	key     *ecdsa.PrivateKey
@@ -28,17 +29,22 @@ type authority struct {
 	keyPEM  []byte
 }
 
+// frontProxyClientCN names kube-apiserver's client certificate towards aggregated API
+// servers, kubeadm's name, which --requestheader-allowed-names lists.
+const frontProxyClientCN = "front-proxy-client"
+
 // certValidity is a year, like kubeadm's leaf certificates.
 const certValidity = 365 * 24 * time.Hour
 
-func newAuthority(name string) (*authority, error) {
+// newAuthority makes a self-signed CA whose subject is cn.
+func newAuthority(cn string) (*authority, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("CA key: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "nodekit-ca-" + name},
+		Subject:               pkix.Name{CommonName: cn},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().Add(10 * certValidity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,

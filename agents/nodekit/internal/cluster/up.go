@@ -435,11 +435,22 @@ func (c *Cluster) path(parts ...string) string {
 }
 
 func (c *Cluster) pki() error {
-	ca, err := newAuthority(c.cfg.Name)
+	ca, err := newAuthority("nodekit-ca-" + c.cfg.Name)
 	if err != nil {
 		return err
 	}
 	c.ca = ca
+	// As kubeadm: a CA of its own for the aggregation layer, whose one client certificate
+	// (CN front-proxy-client) kube-apiserver presents when it proxies to an aggregated API
+	// server; those trust the X-Remote-* headers only from that name under that CA.
+	frontProxyCA, err := newAuthority("nodekit-front-proxy-ca-" + c.cfg.Name)
+	if err != nil {
+		return err
+	}
+	frontProxyCert, frontProxyKey, err := frontProxyCA.issue(frontProxyClientCN, nil, nil, nil)
+	if err != nil {
+		return err
+	}
 	saKey, err := serviceAccountKey()
 	if err != nil {
 		return err
@@ -460,6 +471,8 @@ func (c *Cluster) pki() error {
 		c.path("pki", "sa.key"):        saKey,
 		c.path("pki", "apiserver.crt"): servingCert, c.path("pki", "apiserver.key"): servingKey,
 		c.path("pki", "apiserver-kubelet-client.crt"): kubeletClientCert, c.path("pki", "apiserver-kubelet-client.key"): kubeletClientKey,
+		c.path("pki", "front-proxy-ca.crt"): frontProxyCA.certPEM, c.path("pki", "front-proxy-ca.key"): frontProxyCA.keyPEM,
+		c.path("pki", "front-proxy-client.crt"): frontProxyCert, c.path("pki", "front-proxy-client.key"): frontProxyKey,
 	}); err != nil {
 		return err
 	}
@@ -695,6 +708,13 @@ func (c *Cluster) controlPlaneLaunches() []launch {
 			"--service-account-key-file=" + pki("sa.key"),
 			"--service-account-signing-key-file=" + pki("sa.key"),
 			"--allow-privileged=true",
+			// The aggregation layer, with kubeadm's flags and values.
+			"--requestheader-client-ca-file=" + pki("front-proxy-ca.crt"),
+			"--requestheader-allowed-names=" + frontProxyClientCN,
+			"--requestheader-username-headers=X-Remote-User",
+			"--requestheader-group-headers=X-Remote-Group",
+			"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+			"--proxy-client-cert-file=" + pki("front-proxy-client.crt"), "--proxy-client-key-file=" + pki("front-proxy-client.key"),
 			// Webhooks and aggregated APIs are Services; the control plane's namespace has
 			// no kube-proxy, but it has a route to every pod CIDR, so kube-apiserver calls
 			// their endpoints' pod IPs instead of the ClusterIP.
@@ -706,6 +726,7 @@ func (c *Cluster) controlPlaneLaunches() []launch {
 			"--leader-elect=false",
 			"--use-service-account-credentials=true",
 			"--root-ca-file=" + pki("ca.crt"),
+			"--requestheader-client-ca-file=" + pki("front-proxy-ca.crt"),
 			"--service-account-private-key-file=" + pki("sa.key"),
 			"--cluster-signing-cert-file=" + pki("ca.crt"), "--cluster-signing-key-file=" + pki("ca.key"),
 			"--service-cluster-ip-range=" + ServiceCIDR,
