@@ -54,6 +54,8 @@ out=${NODEKIT_CONFORMANCE_DIR:-/tmp/nodekit-conformance}/$mode
 state=$out/cluster
 nodekit=${NODEKIT_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin}/nodekit
 start=$(date +%s)
+# The tree under test, taken now: the checkout may move on while the specs run.
+tested=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet HEAD 2>/dev/null || echo '+changes')
 
 # regex FILE: the file's non-comment lines joined into one alternation.
 regex() { grep -v '^[[:space:]]*\(#\|$\)' "$1" | paste -sd'|' -; }
@@ -183,7 +185,7 @@ if [ "$doc" = 1 ]; then
   {
     echo "### ${mode^} selection, $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
-    echo "- e2e.test $("$e2e_test" --version 2>/dev/null | head -1 || echo v1.37.2) (hack/build-e2e.sh), peers $("$peers/kube-apiserver" --version), nodekit $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo '+changes')"
+    echo "- e2e.test $("$e2e_test" --version 2>/dev/null | head -1 || echo v1.37.2) (hack/build-e2e.sh), peers $("$peers/kube-apiserver" --version), nodekit $tested"
     echo "- cluster: \`nodekit up --nodes 2\` (nodekit's kubelet and kube-proxy, containerd $(containerd --version | awk '{print $3}'), runc, CoreDNS)"
     echo "- command: \`sudo ./hack/conformance.sh $*\`, that is \`e2e.test --provider=skeleton --ginkgo.focus='(?:<hack/conformance/$([ "$mode" = smoke ] && echo smoke || echo focus).txt>).*\\[Conformance\\]' --ginkgo.skip='<hack/conformance/skip.txt>'\`"
     [ "$parallel" != 1 ] && echo "- parallel: \`ginkgo --nodes=$parallel\` for the specs not marked [Serial], then the [Serial] ones in one process"
