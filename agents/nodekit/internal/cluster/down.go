@@ -124,7 +124,10 @@ func (st *State) node(name string) *Node {
 	return nil
 }
 
-// removeSandboxes stops and removes every pod sandbox, so CNI DEL runs for each.
+// removeSandboxes stops and removes every pod sandbox, so CNI DEL runs for each. A
+// sandbox whose container is still being started (the kubelet was stopped in the
+// middle of a StartContainer) cannot be removed until containerd finishes that start,
+// so the ones that fail are tried again every 200ms for up to 15s.
 func removeSandboxes(ctx context.Context, endpoint string) error {
 	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -138,15 +141,30 @@ func removeSandboxes(ctx context.Context, endpoint string) error {
 	if err != nil {
 		return fmt.Errorf("list sandboxes: %w", err)
 	}
-	var errs []error
-	for _, s := range resp.GetItems() {
-		if _, err := rs.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: s.GetId()}); err != nil {
-			errs = append(errs, fmt.Errorf("stop sandbox %s: %w", s.GetMetadata().GetName(), err))
-			continue
+	left := resp.GetItems()
+	retryUntil := time.Now().Add(15 * time.Second)
+	for {
+		var errs []error
+		var failed []*runtimeapi.PodSandbox
+		for _, s := range left {
+			if _, err := rs.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: s.GetId()}); err != nil {
+				errs = append(errs, fmt.Errorf("stop sandbox %s: %w", s.GetMetadata().GetName(), err))
+				failed = append(failed, s)
+				continue
+			}
+			if _, err := rs.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: s.GetId()}); err != nil {
+				errs = append(errs, fmt.Errorf("remove sandbox %s: %w", s.GetMetadata().GetName(), err))
+				failed = append(failed, s)
+			}
 		}
-		if _, err := rs.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: s.GetId()}); err != nil {
-			errs = append(errs, fmt.Errorf("remove sandbox %s: %w", s.GetMetadata().GetName(), err))
+		if len(failed) == 0 || time.Now().After(retryUntil) {
+			return errors.Join(errs...)
 		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(append(errs, ctx.Err())...)
+		case <-time.After(200 * time.Millisecond):
+		}
+		left = failed
 	}
-	return errors.Join(errs...)
 }
