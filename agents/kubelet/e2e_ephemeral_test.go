@@ -156,11 +156,14 @@ func TestKubeletEphemeralContainers(t *testing.T) {
 	})
 
 	t.Run("kubectl debug and attach", func(t *testing.T) {
-		// What the shell prints before kubectl attaches is not streamed, so it waits for a line.
+		// What the shell prints before kubectl attaches is not streamed, so it waits for a
+		// line. It answers in one write and lives 2 s more: once (CI at load 25) the
+		// second of two lines written just before the container exited never reached
+		// kubectl, which then waited on its open stdin.
 		out, e := kubectlInteractive(t, admin, "hello-debug\n", "PID 1:", 90*time.Second, "debug", "target", "-i", "--image", image,
 			"--image-pull-policy", "IfNotPresent", "-c", "shell", "--target", "main", "--",
-			"sh", "-c", `read line; echo got $line; echo "PID 1: $(tr '\0' ' ' </proc/1/cmdline)"`)
-		assert.Contains(t, out, "got hello-debug\n", e)
+			"sh", "-c", `read line; echo "got $line; PID 1: $(tr '\0' ' ' </proc/1/cmdline)"; sleep 2`)
+		assert.Contains(t, out, "got hello-debug; ", e)
 		assert.Contains(t, out, "PID 1: sleep 3600", "PID 1 is the target's process")
 		p := n.waitPod(t, "target", 30*time.Second, "shell terminated", func(p *corev1.Pod) bool {
 			s := ephemeralStatus(p, "shell")
