@@ -50,8 +50,13 @@ func TestAgainstAPIServer(t *testing.T) {
 	require.NoError(t, err)
 	_, err = admin.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds"}, StringData: map[string]string{"password": "hunter2"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	master, err := admin.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
-	require.NoError(t, err)
+	// kube-apiserver's own controller makes the `kubernetes` Service once it runs,
+	// which can be a moment after /readyz on a loaded machine.
+	var master *corev1.Service
+	require.Eventually(t, func() bool {
+		master, err = admin.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+		return err == nil
+	}, 30*time.Second, 100*time.Millisecond, "the kubernetes Service")
 
 	pod, err := admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "cart-0", Labels: map[string]string{"app": "cart"}},
