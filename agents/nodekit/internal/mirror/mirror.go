@@ -52,6 +52,7 @@ import (
 	"time"
 
 	"github.com/distribution/reference"
+	"github.com/fsnotify/fsnotify"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
@@ -89,9 +90,10 @@ type Image struct {
 // Config configures New.
 type Config struct {
 	// ListFile, when set, names a file of tar paths, one a line: the tars in it are
-	// added before a request is answered whenever the file has changed since it was
-	// last read, so `nodekit load` (which appends to it) is served from its next pull
-	// on. Empty: only what Add adds.
+	// added when Serve starts, when the file changes while Serve runs (watched), and
+	// before a request is answered if it changed since it was last read, so `nodekit
+	// load` (which appends to it) is served from its next pull on. Empty: only what
+	// Add adds.
 	ListFile string
 	// Log receives one line per request and per added image. Nil: discarded.
 	Log io.Writer
@@ -346,6 +348,46 @@ func (m *Mirror) refresh() {
 	}
 }
 
+// watch refreshes on every change of the list file's directory until ctx ends. A
+// watch that cannot be set up is logged: requests still refresh.
+func (m *Mirror) watch(ctx context.Context) {
+	dir := filepath.Dir(m.list)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		m.logger.Printf("not watching %s: %v", m.list, err)
+		return
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		m.logger.Printf("not watching %s: %v", m.list, err)
+		return
+	}
+	defer w.Close()
+	if err := w.Add(dir); err != nil {
+		m.logger.Printf("not watching %s: %v", m.list, err)
+		return
+	}
+	// A change between the first refresh and the watch.
+	m.refresh()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.Events:
+			if !ok {
+				return
+			}
+			if filepath.Clean(ev.Name) == filepath.Clean(m.list) {
+				m.refresh()
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return
+			}
+			m.logger.Printf("watching %s: %v", m.list, err)
+		}
+	}
+}
+
 // ReadList reads a list file: one tar path a line, blank lines skipped.
 func ReadList(path string) ([]string, error) {
 	f, err := os.Open(path)
@@ -422,8 +464,19 @@ func Registries(tarPath string) ([]string, error) {
 	return out, nil
 }
 
-// Serve answers on l until ctx ends, then shuts the server down.
+// Serve answers on l until ctx ends, then shuts the server down. With a list file, it
+// reads it first and whenever it changes.
 func (m *Mirror) Serve(ctx context.Context, l net.Listener) error {
+	if m.list != "" {
+		m.refresh()
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		watched := make(chan struct{})
+		defer func() { stopWatch(); <-watched }()
+		go func() {
+			defer close(watched)
+			m.watch(watchCtx)
+		}()
+	}
 	srv := &http.Server{Handler: m, ReadHeaderTimeout: 30 * time.Second, ErrorLog: m.logger}
 	done := make(chan struct{})
 	stopped := context.AfterFunc(ctx, func() {

@@ -2,15 +2,18 @@ package mirror
 
 import (
 	"archive/tar"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -330,4 +333,51 @@ func TestRegistries(t *testing.T) {
 	got, err = Registries(writeLayoutTar(t, img, "", "busybox:1"))
 	require.NoError(t, err)
 	assert.Empty(t, got, "a bare ref.name is not an image name containerd imports")
+}
+
+// TestServe: Serve reads a tar appended to the list file without waiting for a
+// request (the tar may be gone by then), answers on its listener, and returns nil once
+// ctx ends, leaving nothing running.
+func TestServe(t *testing.T) {
+	list := filepath.Join(t.TempDir(), "mirror", "images")
+	m := New(Config{ListFile: list})
+	defer m.Close()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- m.Serve(ctx, l) }()
+
+	img, err := random.Image(512, 1)
+	require.NoError(t, err)
+	tarPath := writeLayoutTar(t, img, "registry.k8s.io/e2e-test-images/nginx:1.28.0-2", "1.28.0-2")
+	require.NoError(t, AppendList(list, tarPath))
+	require.Eventually(t, func() bool { return len(m.Images()) == 1 }, 30*time.Second, 10*time.Millisecond,
+		"the appended tar is read with no request")
+	require.NoError(t, os.Remove(tarPath))
+
+	r, err := name.ParseReference(l.Addr().String()+"/registry.k8s.io/e2e-test-images/nginx:1.28.0-2", name.Insecure)
+	require.NoError(t, err)
+	got, err := remote.Image(r)
+	require.NoError(t, err)
+	layers, err := got.Layers()
+	require.NoError(t, err)
+	for _, layer := range layers {
+		rc, err := layer.Compressed()
+		require.NoError(t, err)
+		_, err = io.Copy(io.Discard, rc)
+		require.NoError(t, err, "the removed tar is still served: the mirror holds it open")
+		rc.Close()
+	}
+
+	cancel()
+	select {
+	case err := <-served:
+		assert.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Serve did not return after ctx ended")
+	}
+	_, err = net.Dial("tcp", l.Addr().String())
+	assert.Error(t, err, "the listener is closed")
 }
