@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -96,6 +97,15 @@ func Status(ctx context.Context, st *State) Report {
 	}
 	cancel()
 	rep.Parts = append(rep.Parts, api)
+	if st.Mirror != "" {
+		part := Part{Name: "mirror", State: "ready", Detail: "http://" + st.Mirror + "/v2/ ok (" + MirrorListFile(st.StateDir) + ")"}
+		mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := mirrorAnswers(mctx, st); err != nil {
+			part.State, part.Detail, rep.Healthy = "NOT READY", err.Error(), false
+		}
+		cancel()
+		rep.Parts = append(rep.Parts, part)
+	}
 	for _, n := range st.Nodes {
 		part := Part{Name: "cri", Node: n.Name, State: "ready", Detail: n.Runtime + " (" + n.Where() + ", " + n.IP + ", pods " + n.PodCIDR + ")"}
 		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -106,6 +116,39 @@ func Status(ctx context.Context, st *State) Report {
 		rep.Parts = append(rep.Parts, part)
 	}
 	return rep
+}
+
+// mirrorAnswers asks the registry mirror for /v2/ from the fabric namespace, where the
+// nodes reach it.
+func mirrorAnswers(ctx context.Context, st *State) error {
+	var fabric string
+	for _, ns := range st.Namespaces {
+		if strings.HasSuffix(ns, "-fabric") {
+			fabric = ns
+		}
+	}
+	if fabric == "" {
+		return errors.New("the state records no fabric namespace")
+	}
+	d, err := NewNSDialer(nsPath(fabric))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	client := &http.Client{Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+st.Mirror+"/v2/", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("registry mirror: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("registry mirror: GET /v2/ said %s", resp.Status)
+	}
+	return nil
 }
 
 // Load imports an image tarball (OCI layout or docker archive) into every node's
