@@ -1012,7 +1012,14 @@ func (c *Cluster) Serve(ctx context.Context) error {
 			mirrored <- nil
 			return
 		}
-		err := ServeMirror(ctx, c.cfg.StateDir, c.MirrorListener, c.cfg.Log)
+		// Its request log goes to a file, not to the terminal up runs in.
+		logFile, err := os.OpenFile(c.path("logs", "mirror.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			mirrored <- fmt.Errorf("registry mirror: %w", err)
+			return
+		}
+		defer logFile.Close()
+		err = ServeMirror(ctx, c.cfg.StateDir, c.MirrorListener, logFile)
 		if err != nil {
 			err = fmt.Errorf("registry mirror: %w", err)
 		}
