@@ -122,6 +122,9 @@ func runUp(args []string) (int, error) {
 			return exitError, errors.Join(err, derr)
 		}
 		c.Listener.Close()
+		if c.MirrorListener != nil {
+			c.MirrorListener.Close()
+		}
 		printReady(c, kubeconfig, begin)
 		return exitOK, nil
 	}
@@ -156,8 +159,9 @@ func printReady(c *cluster.Cluster, kubeconfig string, begin time.Time) {
 		st.Name, time.Since(begin).Round(100*time.Millisecond), len(st.Nodes), where, st.APIPort, kubeconfig)
 }
 
-// startSupervisor hands the forwarder's listening socket to a detached `nodekit
-// supervise` process, which keeps serving it after `up` returns.
+// startSupervisor hands the forwarder's listening socket (fd 3) and the registry
+// mirror's (fd 4) to a detached `nodekit supervise` process, which keeps serving them
+// after `up` returns.
 func startSupervisor(c *cluster.Cluster) error {
 	self, err := os.Executable()
 	if err != nil {
@@ -168,6 +172,15 @@ func startSupervisor(c *cluster.Cluster) error {
 		return err
 	}
 	defer lf.Close()
+	files := []*os.File{lf}
+	if c.MirrorListener != nil {
+		mf, err := c.MirrorListener.(*net.TCPListener).File()
+		if err != nil {
+			return err
+		}
+		defer mf.Close()
+		files = append(files, mf)
+	}
 	st := c.State()
 	logPath := filepath.Join(st.StateDir, "logs", "supervisor.log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -176,7 +189,7 @@ func startSupervisor(c *cluster.Cluster) error {
 	}
 	defer logFile.Close()
 	cmd := exec.Command(self, "supervise", "--state-dir", st.StateDir)
-	cmd.ExtraFiles = []*os.File{lf}
+	cmd.ExtraFiles = files
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -200,7 +213,8 @@ func startSupervisor(c *cluster.Cluster) error {
 }
 
 // runSupervise is the detached process: it serves the forwarder socket it inherited
-// (fd 3) until SIGTERM.
+// (fd 3), and the registry mirror's (fd 4) when the state records a mirror, until
+// SIGTERM.
 func runSupervise(args []string) (int, error) {
 	fs := flag.NewFlagSet("supervise", flag.ContinueOnError)
 	dir := fs.String("state-dir", "", "the cluster's state dir")
@@ -215,10 +229,19 @@ func runSupervise(args []string) (int, error) {
 	if err != nil {
 		return exitError, fmt.Errorf("inherited listener: %w", err)
 	}
+	var ml net.Listener
+	if st.Mirror != "" {
+		if ml, err = net.FileListener(os.NewFile(4, "mirror")); err != nil {
+			return exitError, fmt.Errorf("inherited registry mirror listener: %w", err)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	fmt.Fprintf(os.Stderr, "supervisor: forwarding 127.0.0.1:%d to %s:%d\n", st.APIPort, st.ControlPlaneIP, cluster.APIServerPort)
-	return exitOK, cluster.Supervise(ctx, st, l)
+	if ml != nil {
+		fmt.Fprintf(os.Stderr, "supervisor: registry mirror on %s (the images in %s)\n", st.Mirror, cluster.MirrorListFile(st.StateDir))
+	}
+	return exitOK, cluster.Supervise(ctx, st, l, ml, os.Stderr)
 }
 
 func runDown(args []string) (int, error) {

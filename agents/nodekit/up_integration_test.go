@@ -173,7 +173,7 @@ func TestUpDetachStatusDown(t *testing.T) {
 
 	out, _, code = nodekit(t, nil, "status", "--state-dir", stateDir)
 	assert.Equal(t, 0, code, out)
-	for _, part := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "supervisor", "api-server"} {
+	for _, part := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "supervisor", "api-server", "mirror"} {
 		assert.Regexp(t, `(?m)^`+part+`\s+-\s+\S+\s+(running|ready)`, out)
 	}
 	assert.Regexp(t, `(?m)^cri\s+node-2\s+-\s+ready`, out)

@@ -105,7 +105,7 @@ func Down(ctx context.Context, stateDir string, log io.Writer) error {
 		// Keep the state file: a second `down` retries what is left.
 		return errors.Join(errs...)
 	}
-	for _, p := range []string{"pki", "cp", "nodes", "logs", "kubeconfig", StateFile} {
+	for _, p := range []string{"pki", "cp", "nodes", "logs", "mirror", "kubeconfig", StateFile} {
 		if err := os.RemoveAll(filepath.Join(abs, p)); err != nil {
 			errs = append(errs, err)
 		}

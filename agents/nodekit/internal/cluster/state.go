@@ -28,6 +28,9 @@ type State struct {
 	// Host is what the host-network node changes on the machine outside the state dir,
 	// recorded before it is made; down undoes it.
 	Host *HostChanges `json:"host,omitempty"`
+	// Mirror is the registry mirror's address on the fabric ("172.30.0.1:5000"), where
+	// every node's containerd pulls from; "" when there is none (HostNetwork).
+	Mirror string `json:"mirror,omitempty"`
 	// GracePeriod is kube-controller-manager's --node-monitor-grace-period.
 	GracePeriod string `json:"nodeMonitorGracePeriod"`
 	// Namespaces are the network namespaces made (names under /var/run/netns), in order.

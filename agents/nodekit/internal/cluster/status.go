@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nodekit-dev/nodekit/agents/nodekit/internal/mirror"
 )
 
 // RecordSupervisor adds the detached supervisor to the state, so down stops it first.
@@ -21,8 +25,9 @@ func RecordSupervisor(st *State, pid int, logPath string) error {
 	return st.save()
 }
 
-// Supervise serves the forwarder on l until ctx ends.
-func Supervise(ctx context.Context, st *State, l net.Listener) error {
+// Supervise serves the forwarder on l, and the registry mirror on mirrorL when it is
+// not nil, until ctx ends.
+func Supervise(ctx context.Context, st *State, l, mirrorL net.Listener, log io.Writer) error {
 	if st.HostNetwork {
 		return errors.New("a host-network cluster has no forwarder: its API server listens on the machine's network")
 	}
@@ -40,7 +45,24 @@ func Supervise(ctx context.Context, st *State, l net.Listener) error {
 		return err
 	}
 	defer d.Close()
-	return Forward(ctx, l, d, net.JoinHostPort(st.ControlPlaneIP, strconv.Itoa(APIServerPort)))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	mirrored := make(chan error, 1)
+	go func() {
+		if mirrorL == nil {
+			mirrored <- nil
+			return
+		}
+		err := ServeMirror(ctx, st.StateDir, mirrorL, log)
+		if err != nil {
+			// The forwarder goes on: kubectl keeps working without the mirror.
+			fmt.Fprintf(log, "registry mirror stopped: %v\n", err)
+		}
+		mirrored <- err
+	}()
+	err = Forward(ctx, l, d, net.JoinHostPort(st.ControlPlaneIP, strconv.Itoa(APIServerPort)))
+	cancel()
+	return errors.Join(err, <-mirrored)
 }
 
 // Part is one line of `nodekit status`.
@@ -75,6 +97,15 @@ func Status(ctx context.Context, st *State) Report {
 	}
 	cancel()
 	rep.Parts = append(rep.Parts, api)
+	if st.Mirror != "" {
+		part := Part{Name: "mirror", State: "ready", Detail: "http://" + st.Mirror + "/v2/ ok (" + MirrorListFile(st.StateDir) + ")"}
+		mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := mirrorAnswers(mctx, st); err != nil {
+			part.State, part.Detail, rep.Healthy = "NOT READY", err.Error(), false
+		}
+		cancel()
+		rep.Parts = append(rep.Parts, part)
+	}
 	for _, n := range st.Nodes {
 		part := Part{Name: "cri", Node: n.Name, State: "ready", Detail: n.Runtime + " (" + n.Where() + ", " + n.IP + ", pods " + n.PodCIDR + ")"}
 		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -87,15 +118,62 @@ func Status(ctx context.Context, st *State) Report {
 	return rep
 }
 
+// mirrorAnswers asks the registry mirror for /v2/ from the fabric namespace, where the
+// nodes reach it.
+func mirrorAnswers(ctx context.Context, st *State) error {
+	var fabric string
+	for _, ns := range st.Namespaces {
+		if strings.HasSuffix(ns, "-fabric") {
+			fabric = ns
+		}
+	}
+	if fabric == "" {
+		return errors.New("the state records no fabric namespace")
+	}
+	d, err := NewNSDialer(nsPath(fabric))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	client := &http.Client{Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+st.Mirror+"/v2/", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("registry mirror: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("registry mirror: GET /v2/ said %s", resp.Status)
+	}
+	return nil
+}
+
 // Load imports an image tarball (OCI layout or docker archive) into every node's
-// containerd, in the k8s.io namespace the CRI plugin reads.
+// containerd, in the k8s.io namespace the CRI plugin reads, and has the registry mirror
+// serve it (an OCI layout tar; the mirror's log says why it does not serve another).
 func Load(ctx context.Context, st *State, tar string) error {
 	for _, n := range st.Nodes {
 		if err := importImage(ctx, n, tar); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}
-	return nil
+	if st.Mirror == "" {
+		return nil
+	}
+	// The mirror serves it from the next pull on; its registries go to the mirror.
+	regs, err := registriesOf([]string{tar})
+	if err != nil {
+		return err
+	}
+	for _, n := range st.Nodes {
+		if err := writeMirrorHosts(n, st.Mirror, regs); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	return mirror.AppendList(MirrorListFile(st.StateDir), tar)
 }
 
 // ErrNoSuchPart marks a restart of a part the state does not record.

@@ -198,7 +198,10 @@ type Cluster struct {
 	ca     *authority
 	// Listener is the forwarder's socket on 127.0.0.1:APIPort.
 	Listener net.Listener
-	dialer   *NSDialer
+	// MirrorListener is the registry mirror's socket in the fabric namespace (nil with
+	// HostNetwork): served by Serve, or handed to the supervisor with Listener.
+	MirrorListener net.Listener
+	dialer         *NSDialer
 	// host is set with Config.HostNetwork: what checkHost found.
 	host *hostFacts
 	// mu guards st while the control plane and the nodes' runtimes start side by side.
@@ -334,6 +337,9 @@ func (c *Cluster) buildOrTearDown(ctx context.Context) (*Cluster, error) {
 		if c.Listener != nil {
 			c.Listener.Close()
 		}
+		if c.MirrorListener != nil {
+			c.MirrorListener.Close()
+		}
 		if c.dialer != nil {
 			c.dialer.Close()
 		}
@@ -368,6 +374,9 @@ func (c *Cluster) build(ctx context.Context) error {
 			return err
 		}
 		c.dialer = d
+		if err := c.startMirror(c.imageTars()); err != nil {
+			return err
+		}
 	} else {
 		c.logf("node %s on the machine's network at %s", c.host.NodeName, c.host.IP)
 	}
@@ -832,17 +841,22 @@ func (c *Cluster) startRuntimes(ctx context.Context) error {
 		if err := c.waitRuntime(ctx, n); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
-		tars := []string{c.images.PauseTar, c.images.BusyboxTar}
-		if c.cfg.CoreDNSImageTar != "" {
-			tars = append(tars, c.cfg.CoreDNSImageTar)
-		}
-		for _, tar := range tars {
+		for _, tar := range c.imageTars() {
 			if err := importImage(ctx, n, tar); err != nil {
 				return fmt.Errorf("node %s: %w", n.Name, err)
 			}
 		}
 	}
 	return nil
+}
+
+// imageTars are the images up imports into every node (and the mirror serves).
+func (c *Cluster) imageTars() []string {
+	tars := []string{c.images.PauseTar, c.images.BusyboxTar}
+	if c.cfg.CoreDNSImageTar != "" {
+		tars = append(tars, c.cfg.CoreDNSImageTar)
+	}
+	return tars
 }
 
 func importImage(ctx context.Context, n Node, tar string) error {
@@ -899,6 +913,15 @@ state = %s
 		cri, q(cniBinDir), q(n.CNIConfig), cri, q(filepath.Join(n.Dir, "certs.d")))
 	if err := os.WriteFile(filepath.Join(n.Dir, "containerd.toml"), []byte(conf), 0o644); err != nil {
 		return err
+	}
+	if c.st.Mirror != "" {
+		regs, err := registriesOf(c.imageTars())
+		if err != nil {
+			return err
+		}
+		if err := writeMirrorHosts(*n, c.st.Mirror, regs); err != nil {
+			return err
+		}
 	}
 	// Written before containerd starts: a file moved in later was not noticed. No
 	// ipMasq: pod-to-pod traffic is routed, not masqueraded; the node's own rules are
@@ -973,15 +996,38 @@ func RuntimeReady(ctx context.Context, endpoint string) error {
 	return fmt.Errorf("RuntimeReady is not true: %v", resp.GetStatus())
 }
 
-// Serve runs the forwarder until ctx ends. On the host network there is none: it only
-// waits.
+// Serve runs the forwarder and the registry mirror until ctx ends. On the host network
+// there is neither: it only waits.
 func (c *Cluster) Serve(ctx context.Context) error {
 	if c.Listener == nil {
 		<-ctx.Done()
 		return nil
 	}
 	defer c.dialer.Close()
-	return Forward(ctx, c.Listener, c.dialer, net.JoinHostPort(ControlPlaneIP, strconv.Itoa(APIServerPort)))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	mirrored := make(chan error, 1)
+	go func() {
+		if c.MirrorListener == nil {
+			mirrored <- nil
+			return
+		}
+		// Its request log goes to a file, not to the terminal up runs in.
+		logFile, err := os.OpenFile(c.path("logs", "mirror.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			mirrored <- fmt.Errorf("registry mirror: %w", err)
+			return
+		}
+		defer logFile.Close()
+		err = ServeMirror(ctx, c.cfg.StateDir, c.MirrorListener, logFile)
+		if err != nil {
+			err = fmt.Errorf("registry mirror: %w", err)
+		}
+		mirrored <- err
+	}()
+	err := Forward(ctx, c.Listener, c.dialer, net.JoinHostPort(ControlPlaneIP, strconv.Itoa(APIServerPort)))
+	cancel()
+	return errors.Join(err, <-mirrored)
 }
 
 // ReadyzThroughForwarder asks /readyz the way kubectl on the machine does.
