@@ -323,7 +323,7 @@ func gcPeriods() gcIntervals {
 // newGarbageCollectors builds the container and image garbage collectors from the
 // flags and the KubeletConfiguration.
 func newGarbageCollectors(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConfiguration, runtime *cri.Client,
-	logs *containerLogManager, pods *podManager, nodeName, rootDir string) (*containerGC, *imageGC, error) {
+	logs *containerLogManager, pods *podManager, nodeName, rootDir string, nodeEvent func(reason, message string)) (*containerGC, *imageGC, error) {
 	cgc := &containerGC{
 		runtime: logCleaningRuntime{Client: runtime, logs: logs},
 		policy: containerGCPolicy{
@@ -340,7 +340,7 @@ func newGarbageCollectors(ctx context.Context, o *options, cfg *kubeletv1beta1.K
 		highThresholdPercent: int(*cfg.ImageGCHighThresholdPercent), lowThresholdPercent: int(*cfg.ImageGCLowThresholdPercent),
 		minAge: cfg.ImageMinimumGCAge.Duration, maxAge: cfg.ImageMaximumGCAge.Duration,
 	}
-	igc := newImageGC(runtime, policy, clock.RealClock{}, sp.ImageFsStats, nil)
+	igc := newImageGC(runtime, policy, clock.RealClock{}, sp.ImageFsStats, nodeEvent)
 	igc.sandboxImage = runtimeSandboxImage(ctx, runtime)
 	return cgc, igc, nil
 }

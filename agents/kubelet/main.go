@@ -309,7 +309,8 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 	if logManager != nil {
 		start(func() { logManager.run(logCtx) })
 	}
-	cgc, igc, err := newGarbageCollectors(logCtx, o, cfg, runtime, logManager, pods, nodeName, o.rootDir)
+	nodeEvent := nodeWarning(recorder, ns.nodeRef())
+	cgc, igc, err := newGarbageCollectors(logCtx, o, cfg, runtime, logManager, pods, nodeName, o.rootDir, nodeEvent)
 	if err != nil {
 		stop()
 		for range workers {
@@ -318,7 +319,7 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 		return err
 	}
 	start(func() {
-		runGarbageCollection(logCtx, clock.RealClock{}, gcPeriods(), cgc, igc, nodeWarning(recorder, ns.nodeRef()))
+		runGarbageCollection(logCtx, clock.RealClock{}, gcPeriods(), cgc, igc, nodeEvent)
 	})
 	if *cfg.EnableServer {
 		sc := ServerConfig{
