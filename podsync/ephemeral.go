@@ -20,15 +20,39 @@ import (
 const MetricEphemeralContainer = "ephemeral_container"
 
 // ephemeralActions fills EphemeralContainersToStart: every ephemeral container
-// with no attempt in the runtime, in any sandbox (computePodActions). Runs only
-// when the sandbox is kept: a new sandbox starts regular containers first, and
-// an ephemeral container that ran in the old one stays done.
+// with no attempt in the runtime, in any sandbox (computePodActions), and none
+// recorded in the pod's status either. Runs only when the sandbox is kept: a new
+// sandbox starts regular containers first, and an ephemeral container that ran
+// in the old one stays done.
+//
+// The status check is nodekit's: the v1.37.2 kubelet looks at the runtime only,
+// so an exited ephemeral container removed from the runtime (by hand, or by a
+// garbage collector keeping fewer dead containers) is started again there
+// (kubernetes/kubernetes#124176). Ephemeral containers are never restarted, so
+// a status that shows one ran is as final as the runtime's record.
 func (c *computer) ephemeralActions() {
 	for i := range c.pod.Spec.EphemeralContainers {
-		if c.latest(c.pod.Spec.EphemeralContainers[i].Name) == nil {
+		name := c.pod.Spec.EphemeralContainers[i].Name
+		if c.latest(name) == nil && !ephemeralRan(c.pod, name) {
 			c.actions.EphemeralContainersToStart = append(c.actions.EphemeralContainersToStart, i)
 		}
 	}
+}
+
+// ephemeralRan tells whether the pod's status records that the ephemeral
+// container name was created: it has a container ID, or ran or ended. A waiting
+// status without an ID (an image that could not be pulled, a config error) is
+// no attempt, so the container is still started.
+func ephemeralRan(pod *corev1.Pod, name string) bool {
+	for i := range pod.Status.EphemeralContainerStatuses {
+		st := &pod.Status.EphemeralContainerStatuses[i]
+		if st.Name != name {
+			continue
+		}
+		return st.ContainerID != "" || st.State.Running != nil || st.State.Terminated != nil ||
+			st.LastTerminationState.Terminated != nil
+	}
+	return false
 }
 
 // ephemeralAsContainer is the i-th ephemeral container's common part, the

@@ -18,6 +18,12 @@ func withEphemeral(name, target string) func(*corev1.Pod) {
 	}
 }
 
+func withEphemeralStatus(st corev1.ContainerStatus) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.Status.EphemeralContainerStatuses = append(p.Status.EphemeralContainerStatuses, st)
+	}
+}
+
 func TestComputeActionsEphemeral(t *testing.T) {
 	appsRunning := []cs{{name: "app", id: "a1", state: running}, {name: "side", id: "s1", state: running}}
 	with := func(extra ...cs) []cs { return append(append([]cs{}, appsRunning...), extra...) }
@@ -72,6 +78,36 @@ func TestComputeActionsEphemeral(t *testing.T) {
 			return v
 		}(),
 		want: Actions{SandboxID: "sb2", Attempt: 1},
+	}, {
+		name: "exited, then removed from the runtime: the status says it ran, not started again",
+		pod: testPod(withEphemeral("debugger", ""), withEphemeralStatus(corev1.ContainerStatus{
+			Name: "debugger", ContainerID: "containerd://d1",
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}},
+		})),
+		view: view(ready(), appsRunning...),
+		want: Actions{SandboxID: "sb1"},
+	}, {
+		name: "running, then removed from the runtime: not started again",
+		pod: testPod(withEphemeral("debugger", ""), withEphemeralStatus(corev1.ContainerStatus{
+			Name: "debugger", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
+		})),
+		view: view(ready(), appsRunning...),
+		want: Actions{SandboxID: "sb1"},
+	}, {
+		name: "waiting without an ID (its image failed): started",
+		pod: testPod(withEphemeral("debugger", ""), withEphemeralStatus(corev1.ContainerStatus{
+			Name: "debugger", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ErrImagePull"}},
+		})),
+		view: view(ready(), appsRunning...),
+		want: Actions{SandboxID: "sb1", EphemeralContainersToStart: []int{0}},
+	}, {
+		name: "another ephemeral container's status does not count",
+		pod: testPod(withEphemeral("debugger", ""), withEphemeralStatus(corev1.ContainerStatus{
+			Name: "other", ContainerID: "containerd://o1",
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{}},
+		})),
+		view: view(ready(), appsRunning...),
+		want: Actions{SandboxID: "sb1", EphemeralContainersToStart: []int{0}},
 	}, {
 		name: "every app container done (restartPolicy Never): the pod is killed, the debugger still listed",
 		pod:  testPod(withPolicy(corev1.RestartPolicyNever), withEphemeral("debugger", "")),

@@ -74,6 +74,8 @@ var honouredFields = map[string]bool{
 	"allowedUnsafeSysctls": true,
 	// Container log rotation (logrotate.go).
 	"containerLogMaxSize": true, "containerLogMaxFiles": true, "containerLogMaxWorkers": true, "containerLogMonitorInterval": true,
+	// Image garbage collection (imagegc.go).
+	"imageGCHighThresholdPercent": true, "imageGCLowThresholdPercent": true, "imageMinimumGCAge": true, "imageMaximumGCAge": true,
 }
 
 // loadConfig reads a KubeletConfiguration file (YAML or JSON), refuses unknown or
@@ -255,6 +257,13 @@ func setDefaults(c *kubeletv1beta1.KubeletConfiguration) {
 	if c.ContainerLogMaxFiles == nil {
 		c.ContainerLogMaxFiles = ptr.To[int32](5)
 	}
+	dur(&c.ImageMinimumGCAge, 2*time.Minute)
+	if c.ImageGCHighThresholdPercent == nil {
+		c.ImageGCHighThresholdPercent = ptr.To[int32](85)
+	}
+	if c.ImageGCLowThresholdPercent == nil {
+		c.ImageGCLowThresholdPercent = ptr.To[int32](80)
+	}
 	if c.ContainerLogMaxWorkers == nil {
 		c.ContainerLogMaxWorkers = ptr.To[int32](1)
 	}
@@ -331,6 +340,26 @@ func validateConfig(c *kubeletv1beta1.KubeletConfiguration) error {
 	}
 	if _, err := parseLogMaxSize(c.ContainerLogMaxSize); err != nil {
 		bad("containerLogMaxSize: failed to parse container log max size %q: %v", c.ContainerLogMaxSize, err)
+	}
+	// The kubelet's checks of the image GC fields, with its words.
+	high, low := *c.ImageGCHighThresholdPercent, *c.ImageGCLowThresholdPercent
+	if high < 0 || high > 100 {
+		bad("invalid configuration: imageGCHighThresholdPercent (--image-gc-high-threshold) %v must be between 0 and 100, inclusive", high)
+	}
+	if low < 0 || low > 100 {
+		bad("invalid configuration: imageGCLowThresholdPercent (--image-gc-low-threshold) %v must be between 0 and 100, inclusive", low)
+	}
+	if low >= high {
+		bad("invalid configuration: imageGCLowThresholdPercent (--image-gc-low-threshold) %v must be less than imageGCHighThresholdPercent (--image-gc-high-threshold) %v", low, high)
+	}
+	if c.ImageMinimumGCAge.Duration < 0 {
+		bad("invalid configuration: imageMinimumGCAge %v must not be negative", c.ImageMinimumGCAge.Duration)
+	}
+	if c.ImageMaximumGCAge.Duration < 0 {
+		bad("invalid configuration: imageMaximumGCAge %v must not be negative", c.ImageMaximumGCAge.Duration)
+	}
+	if c.ImageMaximumGCAge.Duration > 0 && c.ImageMaximumGCAge.Duration <= c.ImageMinimumGCAge.Duration {
+		bad("invalid configuration: imageMaximumGCAge %v must be greater than imageMinimumGCAge %v", c.ImageMaximumGCAge.Duration, c.ImageMinimumGCAge.Duration)
 	}
 	if net.ParseIP(c.HealthzBindAddress) == nil {
 		bad("healthzBindAddress %q is not a valid IP address", c.HealthzBindAddress)

@@ -48,6 +48,10 @@ func TestLoadConfigDefaults(t *testing.T) {
 			assert.Equal(t, "cgroupfs", cfg.CgroupDriver)
 			assert.True(t, *cfg.RegisterNode)
 			assert.True(t, *cfg.SerializeImagePulls)
+			assert.Equal(t, int32(85), *cfg.ImageGCHighThresholdPercent)
+			assert.Equal(t, int32(80), *cfg.ImageGCLowThresholdPercent)
+			assert.Equal(t, 2*time.Minute, cfg.ImageMinimumGCAge.Duration)
+			assert.Zero(t, cfg.ImageMaximumGCAge.Duration)
 			assert.Equal(t, map[string]string{
 				"memory.available": "100Mi", "nodefs.available": "10%", "nodefs.inodesFree": "5%",
 				"imagefs.available": "15%", "imagefs.inodesFree": "5%",
@@ -106,6 +110,11 @@ func TestLoadConfigErrorsNameTheField(t *testing.T) {
 		"log max workers":  {header + "containerLogMaxWorkers: 0\n", "containerLogMaxWorkers must be greater than or equal to 1"},
 		"log interval":     {header + "containerLogMonitorInterval: 2s\n", "containerLogMonitorInterval must be a positive time duration greater than or equal to 3s"},
 		"log max size":     {header + "containerLogMaxSize: lots\n", `containerLogMaxSize: failed to parse container log max size "lots"`},
+		"gc high range":    {header + "imageGCHighThresholdPercent: 101\n", "invalid configuration: imageGCHighThresholdPercent (--image-gc-high-threshold) 101 must be between 0 and 100, inclusive"},
+		"gc low range":     {header + "imageGCLowThresholdPercent: -1\n", "invalid configuration: imageGCLowThresholdPercent (--image-gc-low-threshold) -1 must be between 0 and 100, inclusive"},
+		"gc low >= high":   {header + "imageGCLowThresholdPercent: 90\n", "invalid configuration: imageGCLowThresholdPercent (--image-gc-low-threshold) 90 must be less than imageGCHighThresholdPercent (--image-gc-high-threshold) 85"},
+		"gc min age":       {header + "imageMinimumGCAge: -1s\n", "invalid configuration: imageMinimumGCAge -1s must not be negative"},
+		"gc max age":       {header + "imageMaximumGCAge: 1m\n", "invalid configuration: imageMaximumGCAge 1m0s must be greater than imageMinimumGCAge 2m0s"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -161,6 +170,15 @@ func TestBuildConfigFlagsOverrideFile(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "unix:///flag.sock", cfg.ContainerRuntimeEndpoint)
 	assert.Equal(t, []corev1.Taint{{Key: "b", Value: "c", Effect: corev1.TaintEffectNoExecute}}, cfg.RegisterWithTaints)
+
+	// The deprecated container GC flags, with the kubelet's defaults.
+	var gc options
+	require.NoError(t, newFlagSet(&gc).Parse(nil))
+	assert.Equal(t, options{rootDir: gc.rootDir, certDir: gc.certDir, maxDeadPerContainer: 1, maxDeadContainers: -1}, gc)
+	require.NoError(t, newFlagSet(&gc).Parse([]string{"--minimum-container-ttl-duration=30s", "--maximum-dead-containers-per-container=3", "--maximum-dead-containers=50"}))
+	assert.Equal(t, 30*time.Second, gc.minimumContainerTTL)
+	assert.Equal(t, int32(3), gc.maxDeadPerContainer)
+	assert.Equal(t, int32(50), gc.maxDeadContainers)
 
 	o = options{nodeIP: "10.0.0.300"}
 	_, err = buildConfig(&o)

@@ -76,11 +76,17 @@ type testNode struct {
 	kubelet *testenv.Process
 	admin   kubernetes.Interface
 	runtime *cri.Client
+	// kubeletEnv is added to the kubelet's environment.
+	kubeletEnv []string
 	// cgroupRoot is the node's own cgroupRoot, so nodes never share a kubepods
 	// tree (each kubelet removes pod cgroups it does not know).
 	cgroupRoot string
 }
 
+// nodeConfig turns image garbage collection off (high threshold 100, no maximum
+// age, as upstream reads it): this machine's disk is used above the default 85%,
+// and the images the tests import cannot be pulled again. TestKubeletGarbageCollection
+// turns it on.
 const nodeConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 nodeStatusUpdateFrequency: 2s
@@ -88,6 +94,7 @@ nodeLeaseDurationSeconds: 8
 clusterDomain: cluster.local
 clusterDNS: [10.96.0.10]
 syncFrequency: 10s
+imageGCHighThresholdPercent: 100
 `
 
 func startNode(t testing.TB, cp *controlplane.ControlPlane, name string, cni bool) *testNode {
@@ -98,6 +105,19 @@ func startNode(t testing.TB, cp *controlplane.ControlPlane, name string, cni boo
 // startNodeWithConfig is startNode with more KubeletConfiguration lines.
 func startNodeWithConfig(t testing.TB, cp *controlplane.ControlPlane, name string, cni bool, extraConfig string) *testNode {
 	t.Helper()
+	return startNodeWith(t, cp, name, cni, nodeOptions{config: extraConfig})
+}
+
+// nodeOptions are a test node's additions to the kubelet's start.
+type nodeOptions struct {
+	config string   // more KubeletConfiguration lines
+	args   []string // more kubelet flags
+	env    []string // more environment for the kubelet process
+}
+
+func startNodeWith(t testing.TB, cp *controlplane.ControlPlane, name string, cni bool, opts nodeOptions) *testNode {
+	t.Helper()
+	extraConfig := opts.config
 	testenv.RequireRoot(t)
 	n := &testNode{name: name, cp: cp, admin: cp.AdminClient()}
 	n.env = netns.New(t, netns.Config{Pods: 1})
@@ -138,6 +158,8 @@ func startNodeWithConfig(t testing.TB, cp *controlplane.ControlPlane, name strin
 		"--node-labels=nodekit.dev/test=" + name,
 		"-v=" + verbosity(),
 	}
+	n.args = append(n.args, opts.args...)
+	n.kubeletEnv = opts.env
 	n.startKubelet(t)
 	// Registered after containerd's, so it runs first: the kubelet stops before
 	// containerd and the namespace go away.
@@ -171,7 +193,7 @@ func verbosity() string {
 
 func (n *testNode) startKubelet(t testing.TB) {
 	t.Helper()
-	p, err := testenv.StartProcess("kubelet", filepath.Join(n.dir, "kubelet.log"), nil, testenv.LookPath(t, "nsenter"), n.args...)
+	p, err := testenv.StartProcess("kubelet", filepath.Join(n.dir, "kubelet.log"), n.kubeletEnv, testenv.LookPath(t, "nsenter"), n.args...)
 	require.NoError(t, err)
 	n.kubelet = p
 }

@@ -53,6 +53,11 @@ type options struct {
 	// Joining a cluster (join.go).
 	bootstrapKubeconfig string
 	certDir             string
+
+	// Container garbage collection (gc.go): the kubelet's deprecated GC flags.
+	minimumContainerTTL time.Duration
+	maxDeadPerContainer int32
+	maxDeadContainers   int32
 }
 
 func newFlagSet(o *options) *pflag.FlagSet {
@@ -67,6 +72,12 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.runtimeEndpoint, "container-runtime-endpoint", "", "The endpoint of the container runtime. unix domain sockets are supported on Linux (default \"unix:///run/containerd/containerd.sock\").")
 	fs.StringVar(&o.bootstrapKubeconfig, "bootstrap-kubeconfig", "", "Path to a kubeconfig file that will be used to get client certificate for kubelet. If the file specified by --kubeconfig does not exist, the bootstrap kubeconfig is used to request a client certificate from the API server. On success, a kubeconfig file referencing the generated client certificate and key is written to the path specified by --kubeconfig. The client certificate and key file will be stored in the directory pointed by --cert-dir.")
 	fs.StringVar(&o.certDir, "cert-dir", defaultCertDir, "The directory where the TLS certs are located. If --tls-cert-file and --tls-private-key-file are provided, this flag will be ignored.")
+	fs.DurationVar(&o.minimumContainerTTL, "minimum-container-ttl-duration", 0, "Minimum age for a finished container before it is garbage collected.  Examples: '300ms', '10s' or '2h45m'")
+	fs.Int32Var(&o.maxDeadPerContainer, "maximum-dead-containers-per-container", 1, "Maximum number of old instances to retain per container.  Each container takes up some disk space.")
+	fs.Int32Var(&o.maxDeadContainers, "maximum-dead-containers", -1, "Maximum number of old instances of containers to retain globally.  Each container takes up some disk space. To disable, set to a negative number.")
+	for _, name := range []string{"minimum-container-ttl-duration", "maximum-dead-containers-per-container", "maximum-dead-containers"} {
+		_ = fs.MarkDeprecated(name, "Use --eviction-hard or --eviction-soft instead. Will be removed in a future version.")
+	}
 	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(gfs)
 	// Only -v (and --vmodule) of klog's flags, as the kubelet's logging options expose.
@@ -298,6 +309,18 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 	if logManager != nil {
 		start(func() { logManager.run(logCtx) })
 	}
+	nodeEvent := nodeWarning(recorder, ns.nodeRef())
+	cgc, igc, err := newGarbageCollectors(logCtx, o, cfg, runtime, logManager, pods, nodeName, o.rootDir, nodeEvent)
+	if err != nil {
+		stop()
+		for range workers {
+			<-done
+		}
+		return err
+	}
+	start(func() {
+		runGarbageCollection(logCtx, clock.RealClock{}, gcPeriods(), cgc, igc, nodeEvent)
+	})
 	if *cfg.EnableServer {
 		sc := ServerConfig{
 			NodeName: nodeName, Hostname: hostname, CertDir: o.certDir, Config: cfg, Client: client,

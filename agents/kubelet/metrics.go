@@ -66,6 +66,11 @@ var (
 		Help:           "Duration in seconds for a probe response.",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"probe_type", "container", "pod", "namespace"})
+	imageGarbageCollected = metrics.NewCounterVec(&metrics.CounterOpts{
+		Subsystem: "kubelet", Name: "image_garbage_collected_total",
+		Help:           "Total number of images garbage collected by the kubelet, whether through disk usage or image age.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"reason"})
 )
 
 var registerMetricsOnce sync.Once
@@ -73,7 +78,8 @@ var registerMetricsOnce sync.Once
 func registerMetrics() {
 	registerMetricsOnce.Do(func() {
 		legacyregistry.MustRegister(nodeName, runningPods, runningContainers, podStartDuration, podWorkerDuration,
-			runtimeOperations, runtimeOperationsDuration, runtimeOperationsErrors, proberProbeTotal, proberProbeDuration)
+			runtimeOperations, runtimeOperationsDuration, runtimeOperationsErrors, proberProbeTotal, proberProbeDuration,
+			imageGarbageCollected)
 	})
 }
 

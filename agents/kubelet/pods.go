@@ -336,6 +336,27 @@ func (m *podManager) run(ctx context.Context) error {
 	}
 }
 
+// sourcesReady tells whether the API and static pod sources have loaded once (the
+// kubelet's sourcesReady.AllReady).
+func (m *podManager) sourcesReady() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.apiSynced && m.staticLoaded
+}
+
+// podContentRemovable tells the garbage collector whether what is left of the pod
+// uid may go (ShouldPodContentBeRemoved): the sources have loaded and no source has
+// the pod. A pod still known is removed by its own worker once it has terminated.
+func (m *podManager) podContentRemovable(uid types.UID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.apiSynced || !m.staticLoaded {
+		return false
+	}
+	_, known := m.pods[uid]
+	return !known
+}
+
 // watchAPI feeds the pods bound to this node from an informer.
 func (m *podManager) watchAPI(ctx context.Context) {
 	factory := informers.NewSharedInformerFactoryWithOptions(m.cfg.client, 0,

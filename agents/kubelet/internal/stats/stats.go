@@ -213,6 +213,14 @@ func fsStats(t metav1.Time, fi fsInfo) *statsapi.FsStats {
 	}
 }
 
+// ImageFsStats is the runtime's image file system as the summary reports it
+// (node.runtime.imageFs): used bytes from CRI ImageFsInfo, capacity and available
+// bytes from statfs of its mount point. The image garbage collector compares its
+// thresholds with it, as the kubelet's reads its stats provider's ImageFsStats.
+func (p *Provider) ImageFsStats(ctx context.Context) (*statsapi.FsStats, error) {
+	return p.imageFsStats(ctx)
+}
+
 // imageFsStats is the runtime's image file system: usage from ImageFsInfo,
 // capacity from statfs of its mount point.
 func (p *Provider) imageFsStats(ctx context.Context) (*statsapi.FsStats, error) {
