@@ -94,6 +94,12 @@ func (c *Cluster) agentServer() string {
 // configures it: client certificates from the cluster CA (kube-apiserver's among
 // them), tokens checked by TokenReview, every request authorized by
 // SubjectAccessReview.
+//
+// Image garbage collection is off and the disk eviction thresholds are 0%, as kind
+// configures its nodes: a test cluster's images are imported, not pulled (the mirror
+// serves only the OCI tars it was given), and the nodes share the machine's disk, whose
+// fill level says nothing about the cluster. memory.available keeps the kubelet's
+// default; it is written out because a partial evictionHard map replaces the defaults.
 func (c *Cluster) kubeletConfig(n *Node) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -112,6 +118,12 @@ authentication:
     clientCAFile: %q
 authorization:
   mode: Webhook
+imageGCHighThresholdPercent: 100
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: "0%%"
+  nodefs.inodesFree: "0%%"
+  imagefs.available: "0%%"
 `, n.Runtime, n.CgroupRoot, ClusterDNS, c.path("pki", "ca.crt"))
 }
 
