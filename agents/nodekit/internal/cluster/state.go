@@ -28,6 +28,9 @@ type State struct {
 	// Host is what the host-network node changes on the machine outside the state dir,
 	// recorded before it is made; down undoes it.
 	Host *HostChanges `json:"host,omitempty"`
+	// ContainerdDir holds the containerd binaries the nodes run (Config.ContainerdDir);
+	// "" is the machine's own on $PATH.
+	ContainerdDir string `json:"containerdDir,omitempty"`
 	// GracePeriod is kube-controller-manager's --node-monitor-grace-period.
 	GracePeriod string `json:"nodeMonitorGracePeriod"`
 	// Namespaces are the network namespaces made (names under /var/run/netns), in order.

@@ -91,7 +91,7 @@ func Status(ctx context.Context, st *State) Report {
 // containerd, in the k8s.io namespace the CRI plugin reads.
 func Load(ctx context.Context, st *State, tar string) error {
 	for _, n := range st.Nodes {
-		if err := importImage(ctx, n, tar); err != nil {
+		if err := importImage(ctx, st, n, tar); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}
