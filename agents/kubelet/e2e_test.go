@@ -98,12 +98,19 @@ func startNode(t testing.TB, cp *controlplane.ControlPlane, name string, cni boo
 // startNodeWithConfig is startNode with more KubeletConfiguration lines.
 func startNodeWithConfig(t testing.TB, cp *controlplane.ControlPlane, name string, cni bool, extraConfig string) *testNode {
 	t.Helper()
+	return startNodeOn(t, cp, name, cni, extraConfig, "")
+}
+
+// startNodeOn is startNodeWithConfig on the containerd binaries in containerdDir
+// (containerd.V2Dir for containerd 2.x); "" is the machine's.
+func startNodeOn(t testing.TB, cp *controlplane.ControlPlane, name string, cni bool, extraConfig, containerdDir string) *testNode {
+	t.Helper()
 	testenv.RequireRoot(t)
 	n := &testNode{name: name, cp: cp, admin: cp.AdminClient()}
 	n.env = netns.New(t, netns.Config{Pods: 1})
 	// Before containerd: removed after containerd has stopped the pods in it.
 	n.cgroupRoot = makeCgroupRoot(t, name)
-	n.ctd = containerd.Start(t, containerd.Options{CNI: cni, NetNS: n.env.Node.Path()})
+	n.ctd = containerd.Start(t, containerd.Options{CNI: cni, NetNS: n.env.Node.Path(), BinDir: containerdDir})
 	conn := n.ctd.Conn(t)
 	rt, err := cri.NewWithConn(context.Background(), conn, cri.Config{})
 	require.NoError(t, err)
