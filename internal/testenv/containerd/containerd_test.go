@@ -232,6 +232,17 @@ func imageMountContainer(ctx context.Context, t *testing.T, c *containerd.Contai
 	}
 	_, err = rs.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: created.GetContainerId()})
 	require.NoError(t, err)
+	// The status names the mounted image by ID: what an image GC must count as in use
+	// (upstream's handleImageVolumes).
+	st, err := rs.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: created.GetContainerId()})
+	require.NoError(t, err)
+	var mounted []string
+	for _, m := range st.GetStatus().GetMounts() {
+		if m.GetImage() != nil {
+			mounted = append(mounted, m.GetImage().GetImage())
+		}
+	}
+	assert.Equal(t, []string{img.GetImage().GetId()}, mounted, "ContainerStatus.mounts carries the image mount")
 	out, err := rs.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: created.GetContainerId(), Cmd: []string{"ls", "/vol"}, Timeout: 10})
 	require.NoError(t, err)
 	require.Equal(t, int32(0), out.GetExitCode(), "ls /vol: %s", out.GetStderr())
