@@ -192,10 +192,14 @@ func (s *Syncer) syncPod(ctx context.Context, pod *corev1.Pod, view *PodView) *S
 		return res
 	}
 
-	// Image volumes are pulled once, before any container starts (the kubelet's
-	// lazyStart).
-	volumeImages := s.pullImageVolumes(ctx, pod, sbCfg)
+	// Image volumes are pulled once, before the first container starts (the
+	// kubelet's lazyStart).
+	var volumeImages map[string]imageVolumePull
+	pulled := false
 	start := func(ctr *corev1.Container) error {
+		if !pulled {
+			volumeImages, pulled = s.pullImageVolumes(ctx, pod, sbCfg), true
+		}
 		err := s.startContainer(ctx, pod, ctr, view, sandboxID, sbCfg, podIPs, volumeImages)
 		res.add(ActionStartContainer, ctr.Name, err)
 		if err != nil {
