@@ -43,6 +43,10 @@ if [ "$(id -u)" -eq 0 ]; then
   export NODEKIT_IMAGES_DIR
   NODEKIT_COREDNS_IMAGE_TAR=$("$root/hack/build-coredns.sh")
   export NODEKIT_COREDNS_IMAGE_TAR
+  # containerd 2.x for the tests of what Debian's 1.6 lacks (image volumes); the
+  # machine's containerd stays the default everywhere else.
+  NODEKIT_CONTAINERD_DIR=$("$root/hack/build-containerd.sh")
+  export NODEKIT_CONTAINERD_DIR
 else
   echo "not root: skipping containerd images"
 fi

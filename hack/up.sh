@@ -11,6 +11,8 @@
 # and kube-proxy agents into $NODEKIT_BIN_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/bin:
 # give each checkout its own when several run side by side), and then execs
 # `nodekit up "$@"`. Every step reuses its cache, so a second run starts in seconds.
+# NODEKIT_CONTAINERD_DIR=$(hack/build-containerd.sh) runs the nodes on containerd 2.x
+# (nodekit up --containerd-dir) instead of the machine's.
 # Everything but the final `nodekit up` logs to stderr. docs/up.md has the details.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

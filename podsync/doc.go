@@ -58,6 +58,14 @@
 //     FailedCreatePodSandBox, FailedPostStartHook, FailedPreStopHook,
 //     DeadlineExceeded; container events are about the container's object
 //     reference (fieldPath spec.containers{app}), as the kubelet's.
+//   - Image volumes (getImageVolumes, toKubeContainerImageVolumes): before
+//     any container starts, each volume's image is made present with the
+//     volume's pullPolicy through the same pull code (back-off, credentials,
+//     events about the pod itself); a container mounting a volume whose pull
+//     failed gets "Error: ErrImagePull" and that waiting reason, the others
+//     start. The ConfigBuilder's CRI mounts naming the volume's reference in
+//     Image.UserSpecifiedImage (volume.Manager.Mounts makes them so) get the
+//     pulled image's spec before CreateContainer.
 //   - Restarts follow the pod's restartPolicy and, since ContainerRestartRules
 //     is on by default, each container's restartPolicy and restartPolicyRules.
 //   - upstream/podsync checks the hash, back-off key, restart rules, reason

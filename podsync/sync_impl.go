@@ -192,8 +192,15 @@ func (s *Syncer) syncPod(ctx context.Context, pod *corev1.Pod, view *PodView) *S
 		return res
 	}
 
+	// Image volumes are pulled once, before the first container starts (the
+	// kubelet's lazyStart).
+	var volumeImages map[string]imageVolumePull
+	pulled := false
 	start := func(ctr *corev1.Container) error {
-		err := s.startContainer(ctx, pod, ctr, view, sandboxID, sbCfg, podIPs)
+		if !pulled {
+			volumeImages, pulled = s.pullImageVolumes(ctx, pod, sbCfg), true
+		}
+		err := s.startContainer(ctx, pod, ctr, view, sandboxID, sbCfg, podIPs, volumeImages)
 		res.add(ActionStartContainer, ctr.Name, err)
 		if err != nil {
 			log.V(2).Info("Container start failed", "container", ctr.Name, "err", err)
@@ -300,7 +307,7 @@ func (s *Syncer) pruneInitContainers(ctx context.Context, pod *corev1.Pod, view 
 // startContainer is the kubelet's start helper: back-off, image, config,
 // create, start, postStart.
 func (s *Syncer) startContainer(ctx context.Context, pod *corev1.Pod, ctr *corev1.Container, view *PodView,
-	sandboxID string, sbCfg *runtimeapi.PodSandboxConfig, podIPs []string) error {
+	sandboxID string, sbCfg *runtimeapi.PodSandboxConfig, podIPs []string, volumeImages map[string]imageVolumePull) error {
 	ref := containerRef(pod, ctr)
 	what := fmt.Sprintf("container %q of pod %s", ctr.Name, formatPod(pod))
 
@@ -322,7 +329,10 @@ func (s *Syncer) startContainer(ctx context.Context, pod *corev1.Pod, ctr *corev
 
 	metricType := metricType(pod, ctr)
 	s.cfg.Metrics.ContainerStarted(metricType)
-	err := s.startContainerSteps(ctx, pod, ctr, view, sandboxID, sbCfg, podIPs, ref, what)
+	err := s.imageVolumeFailure(ctr, ref, volumeImages)
+	if err == nil {
+		err = s.startContainerSteps(ctx, pod, ctr, view, sandboxID, sbCfg, podIPs, ref, what, volumeImages)
+	}
 	if err != nil {
 		s.cfg.Metrics.ContainerStartFailed(metricType, Reason(err))
 	}
@@ -330,8 +340,8 @@ func (s *Syncer) startContainer(ctx context.Context, pod *corev1.Pod, ctr *corev
 }
 
 func (s *Syncer) startContainerSteps(ctx context.Context, pod *corev1.Pod, ctr *corev1.Container, view *PodView,
-	sandboxID string, sbCfg *runtimeapi.PodSandboxConfig, podIPs []string, ref *corev1.ObjectReference, what string) error {
-	imageRef, err := s.ensureImage(ctx, pod, ctr, ref, sbCfg)
+	sandboxID string, sbCfg *runtimeapi.PodSandboxConfig, podIPs []string, ref *corev1.ObjectReference, what string, volumeImages map[string]imageVolumePull) error {
+	imageRef, err := s.ensureImage(ctx, pod, ctr.Image, pullPolicy(ctr.Image, ctr.ImagePullPolicy), ref, what, sbCfg)
 	if err != nil {
 		s.event(ref, corev1.EventTypeWarning, EventFailed, "Error: %v", Reason(err))
 		return err
@@ -352,6 +362,7 @@ func (s *Syncer) startContainerSteps(ctx context.Context, pod *corev1.Pod, ctr *
 		s.event(ref, corev1.EventTypeWarning, EventFailed, "Error: %v", msg)
 		return failure(ErrCreateContainerConfig, msg, "%s", what)
 	}
+	resolveImageMounts(cfg, ctr, volumeImages)
 	joinTargetPID(cfg, target)
 	// Created with the pod's (allocated) resources: they are now actuated.
 	s.setActuated(pod.UID, ctr.Name, ctr.Resources)
@@ -385,11 +396,12 @@ func (s *Syncer) startContainerSteps(ctx context.Context, pod *corev1.Pod, ctr *
 
 // pullPolicy defaults the policy as the API server does: Always for an image
 // without a tag or with tag latest, IfNotPresent otherwise.
-func pullPolicy(ctr *corev1.Container) corev1.PullPolicy {
-	if ctr.ImagePullPolicy != "" {
-		return ctr.ImagePullPolicy
+// The same defaulting applies to image volumes' pullPolicy.
+func pullPolicy(image string, policy corev1.PullPolicy) corev1.PullPolicy {
+	if policy != "" {
+		return policy
 	}
-	named, err := reference.ParseNormalizedNamed(ctr.Image)
+	named, err := reference.ParseNormalizedNamed(image)
 	if err != nil {
 		return corev1.PullIfNotPresent
 	}
@@ -421,15 +433,16 @@ func withDefaultTag(image string) (string, error) {
 // ensureImage is the kubelet's EnsureImageExists (v1.37.2): pull policy
 // precheck, image back-off (key <pod UID>_<image>) whose waiting message carries
 // the previous pull error, events in the kubelet's words.
-func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.Container, ref *corev1.ObjectReference, sbCfg *runtimeapi.PodSandboxConfig) (string, error) {
-	what := fmt.Sprintf("container %q of pod %s", ctr.Name, formatPod(pod))
-	image, err := withDefaultTag(ctr.Image)
+// It serves containers (ref is the container's) and image volumes (ref is the
+// pod's, policy the volume's), as upstream calls it for both; requested is the
+// image as the spec names it, what names the object in errors.
+func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, requested string, policy corev1.PullPolicy, ref *corev1.ObjectReference, what string, sbCfg *runtimeapi.PodSandboxConfig) (string, error) {
+	image, err := withDefaultTag(requested)
 	if err != nil {
-		msg := fmt.Sprintf("Failed to apply default image tag %q: %v", ctr.Image, err)
+		msg := fmt.Sprintf("Failed to apply default image tag %q: %v", requested, err)
 		s.event(ref, corev1.EventTypeWarning, EventInspectFailed, "%s", msg)
 		return "", failure(ErrInvalidImageName, msg, "%s", what)
 	}
-	policy := pullPolicy(ctr)
 	inspector, canInspect := s.cfg.Runtime.(ImageInspector)
 	puller, canPull := s.cfg.Runtime.(ImagePuller)
 
@@ -448,18 +461,18 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 		present = img.GetId()
 	}
 	if present != "" {
-		s.event(ref, corev1.EventTypeNormal, EventPulled, "Container image %q already present on machine", ctr.Image)
+		s.event(ref, corev1.EventTypeNormal, EventPulled, "Container image %q already present on machine", requested)
 		return present, nil
 	}
 	if policy == corev1.PullNever {
-		msg := fmt.Sprintf("Container image %q is not present with pull policy of Never", ctr.Image)
+		msg := fmt.Sprintf("Container image %q is not present with pull policy of Never", requested)
 		s.event(ref, corev1.EventTypeWarning, EventErrImageNeverPull, "%s", msg)
 		return "", failure(ErrImageNeverPull, msg, "%s", what)
 	}
 
-	key := fmt.Sprintf("%s_%s", pod.UID, ctr.Image)
+	key := fmt.Sprintf("%s_%s", pod.UID, requested)
 	if s.cfg.ImageBackoff.InBackoffSinceUpdate(key, s.cfg.Clock.Now()) {
-		msg := fmt.Sprintf("Back-off pulling image %q", ctr.Image)
+		msg := fmt.Sprintf("Back-off pulling image %q", requested)
 		s.event(ref, corev1.EventTypeNormal, EventBackOff, "%s", msg)
 		s.mu.Lock()
 		prev, ok := s.pullErrors[key]
@@ -489,7 +502,7 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 	announce := func() {
 		if !announced {
 			announced = true
-			s.event(ref, corev1.EventTypeNormal, EventPulling, "Pulling image %q", ctr.Image)
+			s.event(ref, corev1.EventTypeNormal, EventPulling, "Pulling image %q", requested)
 		}
 	}
 	var imageRef string
@@ -515,16 +528,16 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 		// Every credential failed: the kubelet reports them all (one error prints
 		// as itself, several as [e1, e2]).
 		err = utilerrors.NewAggregate(pullErrs)
-		s.event(ref, corev1.EventTypeWarning, EventFailed, "Failed to pull image %q: %v", ctr.Image, err)
+		s.event(ref, corev1.EventTypeWarning, EventFailed, "Failed to pull image %q: %v", requested, err)
 		s.cfg.ImageBackoff.Next(key, s.cfg.Clock.Now())
-		msg, reason := pullError(ctr.Image, err)
+		msg, reason := pullError(requested, err)
 		s.mu.Lock()
 		s.pullErrors[key] = fmt.Sprintf("%s: %s", reason, msg)
 		s.mu.Unlock()
 		return "", failure(reason, msg, "%s", what)
 	}
 	if !pulled {
-		s.event(ref, corev1.EventTypeNormal, EventPulled, "Container image %q already present on machine", ctr.Image)
+		s.event(ref, corev1.EventTypeNormal, EventPulled, "Container image %q already present on machine", requested)
 		return imageRef, nil
 	}
 	took := s.cfg.Clock.Since(start).Truncate(time.Millisecond)
@@ -535,7 +548,7 @@ func (s *Syncer) ensureImage(ctx context.Context, pod *corev1.Pod, ctr *corev1.C
 		}
 	}
 	s.event(ref, corev1.EventTypeNormal, EventPulled, "Successfully pulled image %q in %v (%v including waiting). Image size: %v bytes.",
-		ctr.Image, took, took, size)
+		requested, took, took, size)
 	s.cfg.ImageBackoff.GC()
 	return imageRef, nil
 }

@@ -9,7 +9,8 @@
 //	<RootDir>/pods/<pod UID>/volumes/kubernetes.io~<plugin>/<volume name>
 //
 // with the kubelet's plugin names (empty-dir, configmap, secret, downward-api,
-// projected; hostPath volumes are the host's own path and get no folder).
+// projected; hostPath volumes are the host's own path and image volumes the
+// runtime's to mount, so neither gets a folder).
 // Mounts(pod, container) returns the runtimeapi.Mount list for CreateContainer,
 // and Teardown(ctx, podUID) unmounts and removes everything Setup made.
 // PodsOnDisk lists the pods that have folders, for an agent that restarts and
@@ -26,6 +27,8 @@
 //	projected      serviceAccountToken, configMap, secret, downwardAPI, clusterTrustBundle
 //	               (through Config.TrustAnchors), podCertificate (through
 //	               Config.PodCertificates)
+//	image          nothing on disk: Mounts gives a CRI mount with an Image spec and
+//	               ImageSubPath, always read-only (pulling the image is the agent's)
 //
 // Any other type makes Setup fail for that volume with an error wrapping
 // ErrUnsupportedVolume that names the volume and its type; the pod's other volumes

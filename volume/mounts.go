@@ -41,6 +41,12 @@ func (e *mountError) Unwrap() []error {
 // bind mount under <pod>/volume-subpaths/<volume>/<container>/<index> (as the
 // kubelet does), so a container that later swaps a folder for a symlink changes
 // nothing; with NoMount the resolved path itself is returned.
+//
+// An image volume's mount has no HostPath but an Image whose Image and
+// UserSpecifiedImage are the volume's reference, read-only, with the subPath in
+// ImageSubPath for the runtime to resolve inside the image, as the kubelet's
+// makeMounts makes it. The caller replaces Image with the spec of the image it
+// pulled (podsync does) before CreateContainer.
 func (m *Manager) Mounts(pod *corev1.Pod, container *corev1.Container, env ...*runtimeapi.KeyValue) ([]*runtimeapi.Mount, error) {
 	if pod == nil || container == nil {
 		return nil, fmt.Errorf("%w: nil pod or container", ErrInvalidPod)
@@ -67,8 +73,17 @@ func (m *Manager) Mounts(pod *corev1.Pod, container *corev1.Container, env ...*r
 		if !ok {
 			return nil, &mountError{msg: fmt.Sprintf("cannot find volume %q to mount into container %q", vm.Name, container.Name), kind: ErrInvalidPod}
 		}
-		hostPath, forceRO, managed, err := m.hostPath(pod, v)
-		if err != nil {
+		var (
+			hostPath         string
+			forceRO, managed bool
+			image            *runtimeapi.ImageSpec
+			err              error
+		)
+		if v.Image != nil {
+			// The runtime mounts the image: no host path, always read-only, no
+			// relabelling (upstream's image plugin attributes).
+			image, forceRO = &runtimeapi.ImageSpec{Image: v.Image.Reference, UserSpecifiedImage: v.Image.Reference}, true
+		} else if hostPath, forceRO, managed, err = m.hostPath(pod, v); err != nil {
 			return nil, err
 		}
 		subPath := vm.SubPath
@@ -77,6 +92,7 @@ func (m *Manager) Mounts(pod *corev1.Pod, container *corev1.Container, env ...*r
 				return nil, err
 			}
 		}
+		var imageSubPath string
 		if subPath != "" {
 			if filepath.IsAbs(subPath) {
 				return nil, &mountError{msg: fmt.Sprintf("error SubPath `%s` must not be an absolute path", subPath), kind: ErrInvalidSubPath}
@@ -84,8 +100,11 @@ func (m *Manager) Mounts(pod *corev1.Pod, container *corev1.Container, env ...*r
 			if hasBackstep(subPath) {
 				return nil, &mountError{msg: fmt.Sprintf("unable to provision SubPath `%s`: must not contain '..'", subPath), kind: ErrInvalidSubPath}
 			}
-			hostPath, err = m.subPath(pod, container.Name, i, v.Name, hostPath, subPath)
-			if err != nil {
+			if image != nil {
+				// Resolved by the runtime inside the image's root, which it
+				// checks exists (the kubelet makes nothing for it).
+				imageSubPath = subPath
+			} else if hostPath, err = m.subPath(pod, container.Name, i, v.Name, hostPath, subPath); err != nil {
 				return nil, err
 			}
 		}
@@ -104,6 +123,8 @@ func (m *Manager) Mounts(pod *corev1.Pod, container *corev1.Container, env ...*r
 			RecursiveReadOnly: rro,
 			SelinuxRelabel:    managed,
 			Propagation:       prop,
+			Image:             image,
+			ImageSubPath:      imageSubPath,
 		})
 	}
 	return out, nil

@@ -303,6 +303,10 @@ func (m *Manager) setupVolume(ctx context.Context, pod *corev1.Pod, v *corev1.Vo
 		return wrap("kubernetes.io/downward-api", m.setupDownwardAPI(ctx, pod, v))
 	case v.Projected != nil:
 		return wrap("kubernetes.io/projected", m.setupProjected(ctx, pod, v))
+	case v.Image != nil:
+		// Like upstream's kubernetes.io/image plugin: nothing on disk, the runtime
+		// mounts the image itself (see Mounts) once the agent has pulled it.
+		return wrap("kubernetes.io/image", nil)
 	}
 	t := volumeType(&v.VolumeSource)
 	if t == "" {

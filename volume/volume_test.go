@@ -773,3 +773,47 @@ func TestConcurrentCallsForOnePod(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, entries, 3, "one data folder, ..data and the key's link after concurrent refreshes")
 }
+
+func TestImageVolumeMounts(t *testing.T) {
+	e := newEnv(t)
+	rec := &metricsRecorder{}
+	m, err := volume.New(volume.Config{RootDir: e.root, Sources: e.sources, Mounter: e.mounter, Metrics: rec})
+	require.NoError(t, err)
+	ctx := context.Background()
+	pod := newPod(corev1.Volume{Name: "models", VolumeSource: corev1.VolumeSource{Image: &corev1.ImageVolumeSource{
+		Reference: "registry.example/models:v1", PullPolicy: corev1.PullIfNotPresent}}})
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{
+		{Name: "models", MountPath: "/models"},
+		{Name: "models", MountPath: "/weights", SubPath: "data/weights", MountPropagation: ptr.To(corev1.MountPropagationHostToContainer)},
+		{Name: "models", MountPath: "/by-env", SubPathExpr: "data/$(FLAVOUR)", ReadOnly: true, RecursiveReadOnly: ptr.To(corev1.RecursiveReadOnlyIfPossible)},
+	}
+	require.NoError(t, m.Setup(ctx, pod))
+	assert.NoDirExists(t, e.dir("image", "models"), "an image volume has nothing on disk")
+	assert.Equal(t, []string{"kubernetes.io/image volume_mount success"}, rec.ops)
+
+	got, err := m.Mounts(pod, &pod.Spec.Containers[0], &runtimeapi.KeyValue{Key: "FLAVOUR", Value: []byte("small")})
+	require.NoError(t, err)
+	spec := &runtimeapi.ImageSpec{Image: "registry.example/models:v1", UserSpecifiedImage: "registry.example/models:v1"}
+	assert.Equal(t, []*runtimeapi.Mount{
+		{ContainerPath: "/models", Readonly: true, Image: spec},
+		{ContainerPath: "/weights", Readonly: true, Image: spec, ImageSubPath: "data/weights", Propagation: runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER},
+		{ContainerPath: "/by-env", Readonly: true, Image: spec, ImageSubPath: "data/small"},
+	}, got)
+	assert.NoDirExists(t, filepath.Join(e.root, "pods", string(uid), "volume-subpaths"), "the runtime resolves an image subPath, not the kubelet")
+
+	for _, tc := range []struct {
+		vm  corev1.VolumeMount
+		err string
+	}{
+		{corev1.VolumeMount{Name: "models", MountPath: "/x", SubPath: "/etc"}, "error SubPath `/etc` must not be an absolute path"},
+		{corev1.VolumeMount{Name: "models", MountPath: "/x", SubPath: "a/../../etc"}, "unable to provision SubPath `a/../../etc`: must not contain '..'"},
+		{corev1.VolumeMount{Name: "models", MountPath: "/x", SubPathExpr: "$(MISSING)"}, "missing value for MISSING"},
+	} {
+		c := corev1.Container{Name: "app", VolumeMounts: []corev1.VolumeMount{tc.vm}}
+		_, err := m.Mounts(pod, &c)
+		require.Error(t, err, tc.err)
+		assert.Equal(t, tc.err, err.Error())
+		assert.ErrorIs(t, err, volume.ErrInvalidSubPath)
+	}
+	require.NoError(t, m.Teardown(ctx, uid))
+}

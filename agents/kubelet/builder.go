@@ -40,6 +40,9 @@ type configBuilder struct {
 	// nodeHostsPath is the node's hosts file, copied for hostNetwork pods (default
 	// /etc/hosts).
 	nodeHostsPath string
+	// noImageMounts, when set, says why the runtime cannot mount image volumes
+	// (imageMountsMissing).
+	noImageMounts string
 }
 
 // podEvents records events for the builder's warnings (DNS).
@@ -91,6 +94,9 @@ func (b *configBuilder) ContainerConfig(ctx context.Context, pod *corev1.Pod, c 
 	cc.Command = probe.ExpandCommand(c.Command, vars)
 	cc.Args = probe.ExpandCommand(c.Args, vars)
 
+	if err := b.checkImageMounts(pod, c); err != nil {
+		return nil, err
+	}
 	mounts, err := b.volumes.Mounts(pod, c, env...)
 	if err != nil {
 		return nil, err

@@ -108,11 +108,19 @@ func startNodeWithConfig(t testing.TB, cp *controlplane.ControlPlane, name strin
 	return startNodeWith(t, cp, name, cni, nodeOptions{config: extraConfig})
 }
 
+// startNodeOn is startNodeWithConfig on the containerd binaries in containerdDir
+// (containerd.V2Dir for containerd 2.x); "" is the machine's.
+func startNodeOn(t testing.TB, cp *controlplane.ControlPlane, name string, cni bool, extraConfig, containerdDir string) *testNode {
+	t.Helper()
+	return startNodeWith(t, cp, name, cni, nodeOptions{config: extraConfig, containerdDir: containerdDir})
+}
+
 // nodeOptions are a test node's additions to the kubelet's start.
 type nodeOptions struct {
-	config string   // more KubeletConfiguration lines
-	args   []string // more kubelet flags
-	env    []string // more environment for the kubelet process
+	config        string   // more KubeletConfiguration lines
+	args          []string // more kubelet flags
+	env           []string // more environment for the kubelet process
+	containerdDir string   // containerd binaries to run; "" is the machine's
 }
 
 func startNodeWith(t testing.TB, cp *controlplane.ControlPlane, name string, cni bool, opts nodeOptions) *testNode {
@@ -123,7 +131,7 @@ func startNodeWith(t testing.TB, cp *controlplane.ControlPlane, name string, cni
 	n.env = netns.New(t, netns.Config{Pods: 1})
 	// Before containerd: removed after containerd has stopped the pods in it.
 	n.cgroupRoot = makeCgroupRoot(t, name)
-	n.ctd = containerd.Start(t, containerd.Options{CNI: cni, NetNS: n.env.Node.Path()})
+	n.ctd = containerd.Start(t, containerd.Options{CNI: cni, NetNS: n.env.Node.Path(), BinDir: opts.containerdDir})
 	conn := n.ctd.Conn(t)
 	rt, err := cri.NewWithConn(context.Background(), conn, cri.Config{})
 	require.NoError(t, err)

@@ -158,7 +158,7 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 	m.cgroups = cg
 	m.pullSecrets = &pullSecretCredentials{secrets: envSource, events: m.events}
 	m.builder = &configBuilder{cfg: cfg.cfg, rootDir: cfg.rootDir, env: env, volumes: vols, hostIPs: m.hostIPs,
-		hostResolv: string(resolv), events: m.events, cgroups: cg}
+		hostResolv: string(resolv), events: m.events, cgroups: cg, noImageMounts: imageMountsMissing(cfg.runtime.RuntimeVersion())}
 	pm, err := probe.NewManager(probe.Config{
 		Status:  probe.PodStatusFunc(m.podStatusForProbes),
 		Prober:  probe.NewProber(probe.Options{Execer: cfg.runtime}),

@@ -78,6 +78,7 @@ func runUp(args []string) (int, error) {
 	fs.StringVar(&cfg.ImagesDir, "images-dir", os.Getenv("NODEKIT_IMAGES_DIR"), "folder with images.tsv and image tars (hack/setup-containerd.sh)")
 	fs.StringVar(&cfg.KubeletBinary, "kubelet-binary", besideSelf("kubelet"), "nodekit's kubelet agent binary (default: kubelet beside the nodekit binary, as hack/up.sh builds it; \"none\": nodes run containerd only)")
 	fs.StringVar(&cfg.KubeProxyBinary, "kube-proxy-binary", besideSelf("kube-proxy"), "nodekit's kube-proxy agent binary (default: kube-proxy beside the nodekit binary; \"none\": no Service rules)")
+	fs.StringVar(&cfg.ContainerdDir, "containerd-dir", os.Getenv("NODEKIT_CONTAINERD_DIR"), "folder with containerd, containerd-shim-runc-v2 and ctr for every node (hack/build-containerd.sh builds containerd 2.x, which image volumes need); empty: the machine's containerd on $PATH")
 	fs.StringVar(&cfg.CoreDNSImageTar, "coredns-image-tar", os.Getenv("NODEKIT_COREDNS_IMAGE_TAR"), "CoreDNS image tar from hack/build-coredns.sh: imported into every node and deployed as kubeadm does (kube-dns at 10.96.0.10); empty: no DNS add-on")
 	fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", 50*time.Second, "kube-controller-manager's --node-monitor-grace-period")
 	fs.BoolVar(&cfg.HostNetwork, "host-network", false, "run one node, and the control plane, on the machine's own network as a kubeadm single-node cluster does (changes the machine: see docs/up.md; nodekit down undoes it)")

@@ -23,7 +23,8 @@ var (
 
 // Builder is a minimal podsync.ConfigBuilder: the kubelet's labels and the
 // annotations podsync reads back (hash, restart count, termination message path
-// and policy, grace period), command and args, and the pod's hostNetwork. Set
+// and policy, grace period), command and args, the pod's hostNetwork and the
+// mounts of image volumes. Set
 // Fail to make ContainerConfig fail for a container name.
 type Builder struct {
 	// Hash is the container hash (nil: podsync.ContainerHash).
@@ -81,7 +82,27 @@ func (b *Builder) ContainerConfig(_ context.Context, pod *corev1.Pod, c *corev1.
 		},
 		Annotations: ann,
 		LogPath:     fmt.Sprintf("%s/%d.log", c.Name, restartCount),
+		Mounts:      imageMounts(pod, c),
 	}, nil
+}
+
+// imageMounts are the mounts of c's image volumes as volume.Manager.Mounts makes
+// them: the image named as the pod spec names it, read-only, subPath in
+// ImageSubPath.
+func imageMounts(pod *corev1.Pod, c *corev1.Container) []*runtimeapi.Mount {
+	var out []*runtimeapi.Mount
+	for _, vm := range c.VolumeMounts {
+		for _, v := range pod.Spec.Volumes {
+			if v.Name != vm.Name || v.Image == nil {
+				continue
+			}
+			out = append(out, &runtimeapi.Mount{
+				ContainerPath: vm.MountPath, Readonly: true, ImageSubPath: vm.SubPath,
+				Image: &runtimeapi.ImageSpec{Image: v.Image.Reference, UserSpecifiedImage: v.Image.Reference},
+			})
+		}
+	}
+	return out
 }
 
 // Event is one recorded event. FieldPath is the container the event is about

@@ -79,6 +79,23 @@ type Options struct {
 	// and never in the machine's own namespace. The namespace must outlive the run
 	// (create it before calling Start, so its cleanup runs after this one).
 	NetNS string
+	// BinDir, when set, holds the containerd, containerd-shim-runc-v2 and ctr to run
+	// instead of the machine's on $PATH (Debian's 1.6): hack/build-containerd.sh
+	// builds containerd 2.x into one, which features such as image volumes (CRI
+	// image mounts, containerd 2.1 and later) need. V2Dir finds it.
+	BinDir string
+}
+
+// V2Dir returns the folder of containerd 2.x binaries hack/build-containerd.sh
+// built, from NODEKIT_CONTAINERD_DIR (the README's test command exports it), for
+// Options.BinDir. Unset ends the test through testenv.Unavailable.
+func V2Dir(tb testing.TB) string {
+	tb.Helper()
+	dir := os.Getenv("NODEKIT_CONTAINERD_DIR")
+	if dir == "" {
+		testenv.Unavailable(tb, "NODEKIT_CONTAINERD_DIR is unset: export NODEKIT_CONTAINERD_DIR=$(hack/build-containerd.sh)")
+	}
+	return dir
 }
 
 // The registry's fixed test credentials. The htpasswd line is a bcrypt hash (cost 4)
@@ -92,9 +109,12 @@ const (
 // Containerd is one running containerd. Its methods are safe to call from the test's
 // goroutine; Kill and Restart are for crash-recovery tests.
 type Containerd struct {
-	opts    Options
-	dir     string
-	bin     string
+	opts Options
+	dir  string
+	bin  string
+	ctr  string
+	// shim is the runc shim's path when it is not the one on $PATH.
+	shim    string
 	nsenter string
 	config  string
 	address string
@@ -125,10 +145,20 @@ func Start(tb testing.TB, opts Options) *Containerd {
 		opts.Registry = true
 	}
 	c := &Containerd{opts: opts}
-	c.bin = testenv.LookPath(tb, "containerd")
-	testenv.LookPath(tb, "ctr")
 	testenv.LookPath(tb, "runc")
-	testenv.LookPath(tb, "containerd-shim-runc-v2")
+	if opts.BinDir == "" {
+		c.bin = testenv.LookPath(tb, "containerd")
+		c.ctr = testenv.LookPath(tb, "ctr")
+		testenv.LookPath(tb, "containerd-shim-runc-v2")
+	} else {
+		for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
+			if st, err := os.Stat(filepath.Join(opts.BinDir, b)); err != nil || st.Mode()&0o111 == 0 {
+				testenv.Unavailable(tb, "%s not found in %s (hack/build-containerd.sh builds it)", b, opts.BinDir)
+			}
+		}
+		c.bin, c.ctr = filepath.Join(opts.BinDir, "containerd"), filepath.Join(opts.BinDir, "ctr")
+		c.shim = filepath.Join(opts.BinDir, "containerd-shim-runc-v2")
+	}
 	if opts.CNI {
 		for _, p := range []string{"bridge", "host-local", "loopback"} {
 			if _, err := os.Stat(filepath.Join(cniBinDir, p)); err != nil {
@@ -370,6 +400,11 @@ func (c *Containerd) writeConfig() error {
 	b.WriteString("    netns_mounts_under_state_dir = true\n    enable_selinux = false\n")
 	fmt.Fprintf(&b, "%s.containerd]\n      snapshotter = \"overlayfs\"\n      default_runtime_name = \"runc\"\n", cri[:len(cri)-1])
 	fmt.Fprintf(&b, "%s.containerd.runtimes.runc]\n      runtime_type = \"io.containerd.runc.v2\"\n", cri[:len(cri)-1])
+	if c.shim != "" {
+		// containerd looks on $PATH first, where Debian's 1.6 shim is. containerd
+		// 2.x migrates this version 2 layout in memory.
+		fmt.Fprintf(&b, "      runtime_path = %s\n", q(c.shim))
+	}
 	fmt.Fprintf(&b, "%s.containerd.runtimes.runc.options]\n      SystemdCgroup = false\n      Root = %s\n",
 		cri[:len(cri)-1], q(filepath.Join(c.dir, "runc")))
 	fmt.Fprintf(&b, "%s.cni]\n      bin_dir = %s\n      conf_dir = %s\n      max_conf_num = 1\n",
@@ -479,7 +514,7 @@ func (c *Containerd) importImages(tb testing.TB) error {
 	defer cancel()
 	start := time.Now()
 	for _, tar := range []string{c.images.pauseTar, c.images.busyboxTar} {
-		out, err := exec.CommandContext(ctx, "ctr", "--address", c.address, "--namespace", "k8s.io", "images", "import", tar).CombinedOutput()
+		out, err := exec.CommandContext(ctx, c.ctr, "--address", c.address, "--namespace", "k8s.io", "images", "import", tar).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("ctr images import %s: %v\n%s", tar, err, out)
 		}

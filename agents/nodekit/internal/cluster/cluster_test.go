@@ -130,3 +130,25 @@ func TestCheckPrerequisitesNamesTheMissingPart(t *testing.T) {
 	// how to get it.
 	assert.Regexp(t, `missing prerequisite: .+ (not installed|missing|not found)`, err.Error())
 }
+
+func TestCheckPrerequisitesContainerdDir(t *testing.T) {
+	for _, tool := range []string{"ip", "nsenter", "runc"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed: the check stops there first", tool)
+		}
+	}
+	_, err := CheckPrerequisites(&Config{ContainerdDir: "bin/containerd2"})
+	require.ErrorIs(t, err, ErrPrerequisite)
+	assert.EqualError(t, err, "missing prerequisite: --containerd-dir bin/containerd2: want an absolute path")
+
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "containerd"), []byte("#!/bin/sh\n"), 0o755))
+	_, err = CheckPrerequisites(&Config{ContainerdDir: dir})
+	require.ErrorIs(t, err, ErrPrerequisite)
+	assert.EqualError(t, err, "missing prerequisite: containerd-shim-runc-v2 not found in --containerd-dir "+dir+" (hack/build-containerd.sh builds it)")
+
+	st := &State{}
+	assert.Equal(t, "ctr", st.containerdBinary("ctr"), "without a folder: the machine's, on $PATH")
+	st.ContainerdDir = dir
+	assert.Equal(t, filepath.Join(dir, "ctr"), st.containerdBinary("ctr"))
+}

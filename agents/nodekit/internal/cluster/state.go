@@ -31,6 +31,9 @@ type State struct {
 	// Mirror is the registry mirror's address on the fabric ("172.30.0.1:5000"), where
 	// every node's containerd pulls from; "" when there is none (HostNetwork).
 	Mirror string `json:"mirror,omitempty"`
+	// ContainerdDir holds the containerd binaries the nodes run (Config.ContainerdDir);
+	// "" is the machine's own on $PATH.
+	ContainerdDir string `json:"containerdDir,omitempty"`
 	// GracePeriod is kube-controller-manager's --node-monitor-grace-period.
 	GracePeriod string `json:"nodeMonitorGracePeriod"`
 	// Namespaces are the network namespaces made (names under /var/run/netns), in order.

@@ -156,7 +156,7 @@ func mirrorAnswers(ctx context.Context, st *State) error {
 // serve it (an OCI layout tar; the mirror's log says why it does not serve another).
 func Load(ctx context.Context, st *State, tar string) error {
 	for _, n := range st.Nodes {
-		if err := importImage(ctx, n, tar); err != nil {
+		if err := importImage(ctx, st, n, tar); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}

@@ -66,6 +66,10 @@ type Config struct {
 	// KubeletBinary and KubeProxyBinary are nodekit's agents; empty leaves the nodes
 	// with containerd only.
 	KubeletBinary, KubeProxyBinary string
+	// ContainerdDir holds the containerd, containerd-shim-runc-v2 and ctr every node
+	// runs (hack/build-containerd.sh builds containerd 2.x there). Empty means the
+	// machine's, found on $PATH (Debian's 1.6).
+	ContainerdDir string
 	// CoreDNSImageTar is the CoreDNS image hack/build-coredns.sh builds (CoreDNSImage);
 	// empty leaves the DNS add-on out.
 	CoreDNSImageTar string
@@ -129,9 +133,24 @@ type Images struct {
 
 // CheckPrerequisites names the first thing `up` cannot do without.
 func CheckPrerequisites(c *Config) (*Images, error) {
-	for _, tool := range []string{"ip", "nsenter", "containerd", "containerd-shim-runc-v2", "runc", "ctr"} {
+	tools := []string{"ip", "nsenter", "runc"}
+	containerd := []string{"containerd", "containerd-shim-runc-v2", "ctr"}
+	if c.ContainerdDir == "" {
+		tools = append(tools, containerd...)
+	}
+	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
 			return nil, fmt.Errorf("%w: %s is not installed (hack/up.sh installs it)", ErrPrerequisite, tool)
+		}
+	}
+	if c.ContainerdDir != "" {
+		if !filepath.IsAbs(c.ContainerdDir) {
+			return nil, fmt.Errorf("%w: --containerd-dir %s: want an absolute path", ErrPrerequisite, c.ContainerdDir)
+		}
+		for _, b := range containerd {
+			if st, err := os.Stat(filepath.Join(c.ContainerdDir, b)); err != nil || st.Mode()&0o111 == 0 {
+				return nil, fmt.Errorf("%w: %s not found in --containerd-dir %s (hack/build-containerd.sh builds it)", ErrPrerequisite, b, c.ContainerdDir)
+			}
 		}
 	}
 	for _, p := range []string{"bridge", "host-local", "loopback", "portmap"} {
@@ -316,7 +335,8 @@ func claimHost(cfg Config, images *Images, probe hostProbe) (*Cluster, error) {
 // newState is the state before anything is made.
 func (c *Cluster) newState() *State {
 	ip, _ := c.apiEndpoint()
-	st := &State{Name: c.cfg.Name, StateDir: c.cfg.StateDir, APIPort: c.cfg.APIPort, ControlPlaneIP: ip, GracePeriod: c.cfg.NodeMonitorGracePeriod.String()}
+	st := &State{Name: c.cfg.Name, StateDir: c.cfg.StateDir, APIPort: c.cfg.APIPort, ControlPlaneIP: ip, GracePeriod: c.cfg.NodeMonitorGracePeriod.String(),
+		ContainerdDir: c.cfg.ContainerdDir}
 	if c.host != nil {
 		st.HostNetwork = true
 		changes := c.host.Changes
@@ -842,7 +862,7 @@ func (c *Cluster) startRuntimes(ctx context.Context) error {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 		for _, tar := range c.imageTars() {
-			if err := importImage(ctx, n, tar); err != nil {
+			if err := importImage(ctx, c.st, n, tar); err != nil {
 				return fmt.Errorf("node %s: %w", n.Name, err)
 			}
 		}
@@ -859,8 +879,17 @@ func (c *Cluster) imageTars() []string {
 	return tars
 }
 
-func importImage(ctx context.Context, n Node, tar string) error {
-	out, err := exec.CommandContext(ctx, "ctr", "--address", strings.TrimPrefix(n.Runtime, "unix://"), "--namespace", "k8s.io", "images", "import", tar).CombinedOutput()
+// containerdBinary is the path of containerd, containerd-shim-runc-v2 or ctr the
+// cluster runs: from State.ContainerdDir, or the name alone for $PATH.
+func (st *State) containerdBinary(name string) string {
+	if st.ContainerdDir == "" {
+		return name
+	}
+	return filepath.Join(st.ContainerdDir, name)
+}
+
+func importImage(ctx context.Context, st *State, n Node, tar string) error {
+	out, err := exec.CommandContext(ctx, st.containerdBinary("ctr"), "--address", strings.TrimPrefix(n.Runtime, "unix://"), "--namespace", "k8s.io", "images", "import", tar).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("ctr images import %s: %w: %s", tar, err, strings.TrimSpace(string(out)))
 	}
@@ -876,6 +905,13 @@ func (c *Cluster) startRuntime(ctx context.Context, n *Node) error {
 	q := strconv.Quote
 	sock := strings.TrimPrefix(n.Runtime, "unix://")
 	cri := `[plugins."io.containerd.grpc.v1.cri"`
+	// containerd looks for the shim on $PATH first: a containerd of its own gets
+	// its own shim by path. containerd 2.x reads this version 2 layout too,
+	// migrating it in memory (it logs one warning).
+	shimPath := ""
+	if c.cfg.ContainerdDir != "" {
+		shimPath = "\n    runtime_path = " + q(filepath.Join(c.cfg.ContainerdDir, "containerd-shim-runc-v2"))
+	}
 	conf := fmt.Sprintf(`version = 2
 root = %s
 state = %s
@@ -898,7 +934,7 @@ state = %s
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
   %s.containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
+    runtime_type = "io.containerd.runc.v2"%s
   %s.containerd.runtimes.runc.options]
     SystemdCgroup = false
     Root = %s
@@ -909,7 +945,7 @@ state = %s
   %s.registry]
     config_path = %s
 `, q(filepath.Join(n.Dir, "root")), q(filepath.Join(n.Dir, "state")), q(sock), q(sock+".ttrpc"),
-		q(filepath.Join(n.Dir, "opt")), cri, q(c.images.Pause), q(n.IP), cri, cri, cri, q(filepath.Join(n.Dir, "runc")),
+		q(filepath.Join(n.Dir, "opt")), cri, q(c.images.Pause), q(n.IP), cri, cri, shimPath, cri, q(filepath.Join(n.Dir, "runc")),
 		cri, q(cniBinDir), q(n.CNIConfig), cri, q(filepath.Join(n.Dir, "certs.d")))
 	if err := os.WriteFile(filepath.Join(n.Dir, "containerd.toml"), []byte(conf), 0o644); err != nil {
 		return err
@@ -960,7 +996,7 @@ state = %s
 		return err
 	}
 	logPath := c.path("logs", n.Name+"-containerd.log")
-	cmd, err := startIn(n.NetNS, logPath, "containerd", "--config", filepath.Join(n.Dir, "containerd.toml"))
+	cmd, err := startIn(n.NetNS, logPath, c.st.containerdBinary("containerd"), "--config", filepath.Join(n.Dir, "containerd.toml"))
 	if err != nil {
 		return err
 	}
