@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -27,6 +28,7 @@ type fakeGCRuntime struct {
 	containers []*runtimeapi.Container
 	sandboxes  []*runtimeapi.PodSandbox
 	images     []*runtimeapi.Image
+	mounts     map[string][]*runtimeapi.Mount // container ID -> its mounts, as ContainerStatus reports them
 	stopped    []string
 	removed    []string
 	listErr    error
@@ -43,6 +45,17 @@ func (f *fakeGCRuntime) ListContainers(context.Context, *runtimeapi.ContainerFil
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]*runtimeapi.Container(nil), f.containers...), f.listErr
+}
+
+func (f *fakeGCRuntime) ContainerStatus(_ context.Context, id string) (*runtimeapi.ContainerStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.containers {
+		if c.GetId() == id {
+			return &runtimeapi.ContainerStatus{Id: id, State: c.GetState(), Mounts: f.mounts[id]}, nil
+		}
+	}
+	return nil, fmt.Errorf("container %q: %w", id, cri.ErrNotFound)
 }
 
 func (f *fakeGCRuntime) ListImages(context.Context, *runtimeapi.ImageFilter) ([]*runtimeapi.Image, error) {
@@ -402,6 +415,19 @@ func TestImageGC(t *testing.T) {
 		clk.Step(2 * time.Minute)
 		require.NoError(t, g.garbageCollect(context.Background(), began))
 		assert.Equal(t, []string{"sha256:older"}, rt.removedSorted())
+	})
+
+	t.Run("an image mounted as an image volume is in use", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(gcEpoch)
+		c2 := &runtimeapi.Container{Id: "c2", State: running, ImageRef: "sha256:used"}
+		rt := &fakeGCRuntime{images: images(), containers: append(append([]*runtimeapi.Container(nil), containers...), c2),
+			mounts: map[string][]*runtimeapi.Mount{"c2": {{ContainerPath: "/volume", Image: &runtimeapi.ImageSpec{Image: "sha256:old"}, Readonly: true}}}}
+		g, _ := newGC(rt, imageFsOf(10000, 100), clk) // 99% used: every candidate would go
+		began := clk.Now()
+		_ = g.garbageCollect(context.Background(), began)
+		clk.Step(3 * time.Minute)
+		_ = g.garbageCollect(context.Background(), began)
+		assert.Equal(t, []string{"sha256:older"}, rt.removedSorted(), "the image volume's image stays")
 	})
 
 	t.Run("not enough to free: every candidate goes and FreeDiskSpaceFailed says how much", func(t *testing.T) {

@@ -14,6 +14,8 @@ import (
 	"k8s.io/klog/v2"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 	"k8s.io/utils/clock"
+
+	"github.com/nodekit-dev/nodekit/cri"
 )
 
 // Image garbage collection, as the kubelet's realImageGCManager (pkg/kubelet/images
@@ -65,6 +67,7 @@ func (p imageGCPolicy) disabled() bool { return p.highThresholdPercent == 100 &&
 type imageRuntime interface {
 	ListImages(ctx context.Context, filter *runtimeapi.ImageFilter) ([]*runtimeapi.Image, error)
 	ListContainers(ctx context.Context, filter *runtimeapi.ContainerFilter) ([]*runtimeapi.Container, error)
+	ContainerStatus(ctx context.Context, id string) (*runtimeapi.ContainerStatus, error)
 	RemoveImage(ctx context.Context, image string) error
 }
 
@@ -121,6 +124,21 @@ func (g *imageGC) detectImages(ctx context.Context, detected time.Time) (map[str
 		}
 		if r := c.GetImage().GetImage(); r != "" {
 			refs[r] = true
+		}
+		// An image volume's image is in use too: the runtime reports it among the
+		// container's mounts (upstream's handleImageVolumes). A container removed
+		// since the listing holds nothing.
+		status, err := g.runtime.ContainerStatus(ctx, c.GetId())
+		if errors.Is(err, cri.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("container %s status: %w", c.GetId(), err)
+		}
+		for _, m := range status.GetMounts() {
+			if r := m.GetImage().GetImage(); r != "" {
+				refs[r] = true
+			}
 		}
 	}
 	now := g.clock.Now()
