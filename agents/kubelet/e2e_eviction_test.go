@@ -97,8 +97,10 @@ func TestKubeletEviction(t *testing.T) {
 		limit := resource.MustParse("4Mi")
 		p.Spec.Volumes = []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &limit}}}}
 		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}}
+		start := time.Now()
 		n.createPod(t, p)
 		got := n.waitPod(t, "scratch", 90*time.Second, "evicted", evicted)
+		t.Logf("scratch evicted %s after its creation", time.Since(start).Round(100*time.Millisecond))
 		msg := `Usage of EmptyDir volume "scratch" exceeds the limit "4Mi". `
 		assert.Equal(t, msg, got.Status.Message)
 		for _, c := range got.Status.Conditions {
@@ -128,9 +130,11 @@ func TestKubeletEviction(t *testing.T) {
 			hog.Spec.Volumes = append(hog.Spec.Volumes, corev1.Volume{Name: v, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}})
 			hog.Spec.Containers[0].VolumeMounts = append(hog.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: v, MountPath: "/" + v})
 		}
+		start := time.Now()
 		n.createPod(t, hog)
 		got := n.waitPod(t, "hog", 120*time.Second, "evicted", evicted)
 		msg := got.Status.Message
+		t.Logf("hog evicted %s after its creation: %s", time.Since(start).Round(100*time.Millisecond), msg)
 		assert.Regexp(t, `^The node was low on resource: memory\. Threshold quantity: 300Mi, available: [0-9]+Ki\. `+
 			`Container hog was using [0-9]+Ki, request is 1Mi, has larger consumption of memory\. $`, msg)
 		var cond *corev1.PodCondition
@@ -166,6 +170,7 @@ func TestKubeletEviction(t *testing.T) {
 		// With the hog's tmpfs pages reclaimed the threshold is no longer met: the
 		// condition clears after the transition period and the Guaranteed pod was
 		// never touched.
+		evictedAt := time.Now()
 		eventually(t, 120*time.Second, "MemoryPressure=False", func() (bool, string) {
 			nd, err := n.admin.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
 			if err != nil {
@@ -174,6 +179,7 @@ func TestKubeletEviction(t *testing.T) {
 			c := nodeCondition(nd, corev1.NodeMemoryPressure)
 			return c.Status == corev1.ConditionFalse, fmt.Sprintf("%+v", c)
 		})
+		t.Logf("MemoryPressure=False %s after the BestEffort pod was refused (transition period 60s)", time.Since(evictedAt).Round(100*time.Millisecond))
 		s, err := n.admin.CoreV1().Pods("default").Get(ctx, "steady", metav1.GetOptions{})
 		require.NoError(t, err)
 		assert.Equal(t, corev1.PodRunning, s.Status.Phase)
