@@ -21,12 +21,13 @@ import (
 )
 
 // testEvictionHard are the hard eviction thresholds of the real-node tests: the
-// kubelet's Linux defaults with nodefs.available and imagefs.available lowered to
-// 5%. The test nodes share the machine's one disk, and shared build machines often
-// have less than the default 15% of it free, which puts every node under
-// DiskPressure: pods refused at admission and evicted, as an upstream kubelet
-// would do there. Tests about pressure set evictionHard themselves.
-const testEvictionHard = "evictionHard:\n  memory.available: 100Mi\n  nodefs.available: 5%\n  nodefs.inodesFree: 5%\n  imagefs.available: 5%\n  imagefs.inodesFree: 5%\n"
+// kubelet's memory.available default, and the disk signals off ("0%" is ignored),
+// as kind configures its nodes. The test nodes share the machine's one disk, and
+// shared build machines often have less than the default 15% of it free
+// (imagefs.available), which puts every node under DiskPressure: pods refused at
+// admission and evicted, as an upstream kubelet would do there. Tests about
+// pressure set evictionHard themselves.
+const testEvictionHard = "evictionHard:\n  memory.available: 100Mi\n  nodefs.available: \"0%\"\n  nodefs.inodesFree: \"0%\"\n  imagefs.available: \"0%\"\n  imagefs.inodesFree: \"0%\"\n"
 
 // withTestEvictionHard appends testEvictionHard to a node's KubeletConfiguration
 // unless it sets evictionHard itself.
