@@ -115,6 +115,21 @@ func TestKubeletEviction(t *testing.T) {
 		})
 	})
 
+	t.Run("container over its ephemeral-storage limit", func(t *testing.T) {
+		// Written to the container's writable layer (CRI ContainerStats
+		// writable_layer) plus its log, against the container's own limit.
+		p := burstable(busyboxPod("layer", image, corev1.RestartPolicyAlways,
+			"dd if=/dev/zero of=/big bs=1M count=8 && sync && sleep 3600"))
+		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceEphemeralStorage: resource.MustParse("4Mi")}
+		start := time.Now()
+		n.createPod(t, p)
+		got := n.waitPod(t, "layer", 90*time.Second, "evicted", evicted)
+		t.Logf("layer evicted %s after its creation", time.Since(start).Round(100*time.Millisecond))
+		// The pod's limit is its only container's, so the pod-level check (which
+		// comes first, as upstream) is the one that fires.
+		assert.Equal(t, "Pod ephemeral local storage usage exceeds the total limit of containers 4Mi. ", got.Status.Message)
+	})
+
 	t.Run("memory pressure evicts the pod over its request", func(t *testing.T) {
 		steady := busyboxPod("steady", image, corev1.RestartPolicyAlways, "sleep 3600")
 		steady.Spec.Containers[0].Resources = corev1.ResourceRequirements{
