@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -525,4 +526,35 @@ func TestContainerFsThresholds(t *testing.T) {
 	}
 	assert.Equal(t, []string{"imagefs.available<15%", "nodefs.available<10%", "containerfs.available<10%"}, describe(withContainerFsThresholds(ts, false)))
 	assert.Equal(t, []string{"imagefs.available<15%", "nodefs.available<10%", "containerfs.available<15%"}, describe(withContainerFsThresholds(ts, true)))
+}
+
+// The pod manager's side: the eviction admit handler runs first in admit, an
+// eviction wakes the pod's worker once, and a pod being evicted is no longer a
+// candidate.
+func TestPodManagerEvictionHooks(t *testing.T) {
+	ns, _, _ := newTestNode(t, fake.NewClientset(), &fakeRuntime{networkReady: true})
+	em := newEvictionManager(evictionConfig{}, clocktesting.NewFakeClock(time.Now()), nil, nil)
+	em.state.conditions = []corev1.NodeConditionType{corev1.NodeMemoryPressure}
+	m := &podManager{cfg: podManagerConfig{node: ns}, pods: map[types.UID]*podEntry{}, eviction: em, sysctls: &sysctlAllowlist{}}
+	reason, msg, ok := m.admit(testPod("be", nil, nil))
+	assert.False(t, ok)
+	assert.Equal(t, "Evicted", reason)
+	assert.Equal(t, "The node had condition: [MemoryPressure]. ", msg)
+
+	a, b := testPod("a", memList("1Mi"), nil), testPod("b", memList("1Mi"), nil)
+	for _, p := range []*corev1.Pod{a, b} {
+		m.pods[p.UID] = &podEntry{pod: p, admitted: true, wake: make(chan struct{}, 1)}
+	}
+	assert.Len(t, m.evictionCandidates(), 2)
+	done, ok := m.evictPod(a, 1, func(*corev1.PodStatus) {})
+	require.True(t, ok)
+	require.NotNil(t, done)
+	again, _ := m.evictPod(a, 1, func(*corev1.PodStatus) {})
+	assert.Equal(t, done, again, "one eviction per pod")
+	assert.Len(t, m.pods[a.UID].wake, 1, "the worker is woken")
+	require.Len(t, m.evictionCandidates(), 1)
+	assert.Equal(t, "b", m.evictionCandidates()[0].Name)
+	assert.NotNil(t, m.evicting(m.pods[a.UID]))
+	_, ok = m.evictPod(testPod("unknown", nil, nil), 1, func(*corev1.PodStatus) {})
+	assert.False(t, ok)
 }
