@@ -242,6 +242,10 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 	}
 	evictions := newEvictionManager(evictionCfg, clock.RealClock{}, recorder, ns.nodeRef())
 	ns.eviction = evictions
+	evictionStats, err := stats.New(stats.Config{Runtime: stats.CRIRuntime(runtime), NodeName: nodeName, RootDir: o.rootDir, PodLogsDir: cfg.PodLogsDir})
+	if err != nil {
+		return fmt.Errorf("eviction manager stats: %w", err)
+	}
 	health := newHealth(clock.RealClock{})
 	srv, err := serveHealthz(cfg, health)
 	if err != nil {
@@ -295,10 +299,6 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 	})
 	if err != nil {
 		return err
-	}
-	evictionStats, err := stats.New(stats.Config{Runtime: stats.CRIRuntime(runtime), NodeName: nodeName, RootDir: o.rootDir, PodLogsDir: cfg.PodLogsDir})
-	if err != nil {
-		return fmt.Errorf("eviction manager stats: %w", err)
 	}
 	evictions.stats = &nodeEvictionStats{provider: evictionStats, imageFs: stats.CRIRuntime(runtime).ImageFsInfo, rootDir: o.rootDir, cgroups: pods.cgroups}
 	evictions.pods = pods
