@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	resourcehelper "k8s.io/component-helpers/resource"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
@@ -46,6 +47,7 @@ const (
 	nodeConditionMessageFmt         = "The node had condition: %v. "
 	thresholdMetMessageFmt          = "Threshold quantity: %v, available: %v. "
 	containerMessageFmt             = "Container %s was using %s, request is %s, has larger consumption of %v. "
+	podMessageFmt                   = "Pod %s was using %s, request is %s, has larger consumption of %v. "
 	containerEphemeralStorageMsgFmt = "Container %s exceeded its local ephemeral storage limit %q. "
 	podEphemeralStorageMessageFmt   = "Pod ephemeral local storage usage exceeds the total limit of containers %s. "
 	emptyDirMessageFmt              = "Usage of EmptyDir volume %q exceeds the limit %q. "
@@ -97,8 +99,10 @@ var (
 
 // thresholdValue is an absolute quantity or a fraction of the signal's capacity.
 type thresholdValue struct {
-	quantity   *resource.Quantity
-	percentage float64 // 0.1 for 10%
+	quantity *resource.Quantity
+	// percentage is a fraction (0.1 for 10%) in float32, as upstream keeps it, so
+	// a percentage gives the same bytes as the kubelet's.
+	percentage float32
 }
 
 // of is the value in absolute units against a capacity.
@@ -107,14 +111,14 @@ func (v thresholdValue) of(capacity *resource.Quantity) *resource.Quantity {
 		q := v.quantity.DeepCopy()
 		return &q
 	}
-	return resource.NewQuantity(int64(float64(capacity.Value())*v.percentage), resource.BinarySI)
+	return resource.NewQuantity(int64(float64(capacity.Value())*float64(v.percentage)), resource.BinarySI)
 }
 
 func (v thresholdValue) String() string {
 	if v.quantity != nil {
 		return v.quantity.String()
 	}
-	return strconv.FormatFloat(v.percentage*100, 'f', -1, 64) + "%"
+	return strconv.FormatFloat(float64(v.percentage)*100, 'g', 6, 64) + "%"
 }
 
 // evictionThreshold is one threshold: the signal is met when what is available
@@ -184,7 +188,7 @@ func parseEvictionConfig(hard, soft, softGrace, minReclaim map[string]string, en
 			if err != nil || f <= 0 {
 				return nil, fmt.Errorf("evictionMinimumReclaim[%q]: eviction percentage minimum reclaim %v must be positive: %s", k, k, v)
 			}
-			reclaims[evictionSignal(k)] = thresholdValue{percentage: f / 100}
+			reclaims[evictionSignal(k)] = thresholdValue{percentage: float32(f) / 100}
 			continue
 		}
 		q, err := resource.ParseQuantity(v)
@@ -273,7 +277,7 @@ func parseThresholdStatement(signal evictionSignal, val string) (*evictionThresh
 		if f > 100 {
 			return nil, fmt.Errorf("eviction percentage threshold %v must be <= 100%%: %s", signal, val)
 		}
-		return &evictionThreshold{signal: signal, value: thresholdValue{percentage: f / 100}}, nil
+		return &evictionThreshold{signal: signal, value: thresholdValue{percentage: float32(f) / 100}}, nil
 	}
 	q, err := resource.ParseQuantity(val)
 	if err != nil {
@@ -751,9 +755,20 @@ func rankFuncFor(signal evictionSignal, dedicatedImageFs bool) (func([]*corev1.P
 	return rankDiskPressure([]fsStatsType{fsStatsRoot, fsStatsImages}, r), true
 }
 
+// Annotations of the Evicted event, as the kubelet sets them.
+const (
+	annotationOffendingContainers      = "offending_containers"
+	annotationOffendingContainersUsage = "offending_containers_usage"
+	annotationOffendingPod             = "offending_pod"
+	annotationOffendingPodUsage        = "offending_pod_usage"
+	annotationStarvedResource          = "starved_resource"
+)
+
 // evictionMessage is the kubelet's: the starved resource, the threshold and what
-// was available, then each container using more than it requested.
-func evictionMessage(r corev1.ResourceName, pod *corev1.Pod, stats podStatsFunc, thresholds []evictionThreshold, obs signalObservations) string {
+// was available, then (for memory) the pod over its pod-level request and each
+// container using more than it requested; plus the Evicted event's annotations.
+func evictionMessage(r corev1.ResourceName, pod *corev1.Pod, stats podStatsFunc, thresholds []evictionThreshold, obs signalObservations) (string, map[string]string) {
+	annotations := map[string]string{}
 	msg := fmt.Sprintf(nodeLowMessageFmt, r)
 	for _, t := range thresholds {
 		if signalToResource[t.signal] != r {
@@ -766,8 +781,18 @@ func evictionMessage(r corev1.ResourceName, pod *corev1.Pod, stats podStatsFunc,
 	}
 	ps, ok := stats(pod)
 	if !ok {
-		return msg
+		return msg, annotations
 	}
+	// PodLevelResources is beta and on in 1.37.
+	if r == corev1.ResourceMemory && resourcehelper.IsPodLevelResourcesSet(pod) {
+		if req, ok := pod.Spec.Resources.Requests[r]; ok && ps.Memory != nil {
+			usage := memoryUsage(ps.Memory)
+			msg += fmt.Sprintf(podMessageFmt, pod.Name, usage.String(), req.String(), r)
+			annotations[annotationOffendingPod] = pod.Name
+			annotations[annotationOffendingPodUsage] = usage.String()
+		}
+	}
+	var names, usages []string
 	containers := append(append([]corev1.Container{}, pod.Spec.Containers...), pod.Spec.InitContainers...)
 	for _, cs := range ps.Containers {
 		for _, c := range containers {
@@ -788,11 +813,16 @@ func evictionMessage(r corev1.ResourceName, pod *corev1.Pod, stats podStatsFunc,
 			}
 			if usage != nil && usage.Cmp(req) > 0 {
 				msg += fmt.Sprintf(containerMessageFmt, c.Name, usage.String(), req.String(), r)
+				names = append(names, c.Name)
+				usages = append(usages, usage.String())
 			}
 			break
 		}
 	}
-	return msg
+	annotations[annotationOffendingContainers] = strings.Join(names, ",")
+	annotations[annotationOffendingContainersUsage] = strings.Join(usages, ",")
+	annotations[annotationStarvedResource] = string(r)
+	return msg, annotations
 }
 
 // localStorageViolation checks a pod against its local storage limits in the

@@ -243,7 +243,7 @@ func (m *evictionManager) synchronize(ctx context.Context) []evictedPod {
 			if !violated {
 				continue
 			}
-			if done, ok := m.evict(pod, immediateEvictionGracePeriodSeconds, msg, nil); ok {
+			if done, ok := m.evict(pod, immediateEvictionGracePeriodSeconds, msg, nil, nil); ok {
 				evictionsTotal.WithLabelValues(signal).Inc()
 				evicted = append(evicted, evictedPod{pod: pod, done: done})
 			}
@@ -292,7 +292,7 @@ func (m *evictionManager) synchronize(ctx context.Context) []evictedPod {
 				grace = min(grace, *pod.Spec.TerminationGracePeriodSeconds)
 			}
 		}
-		msg := evictionMessage(res, pod, stats, thresholds, obs)
+		msg, annotations := evictionMessage(res, pod, stats, thresholds, obs)
 		cond := &corev1.PodCondition{
 			Type:               corev1.DisruptionTarget,
 			Status:             corev1.ConditionTrue,
@@ -301,7 +301,7 @@ func (m *evictionManager) synchronize(ctx context.Context) []evictedPod {
 			ObservedGeneration: pod.Generation,
 			LastTransitionTime: metav1.NewTime(now),
 		}
-		if done, ok := m.evict(pod, grace, msg, cond); ok {
+		if done, ok := m.evict(pod, grace, msg, annotations, cond); ok {
 			evictionsTotal.WithLabelValues(string(target.signal)).Inc()
 			return []evictedPod{{pod: pod, done: done}}
 		}
@@ -310,16 +310,17 @@ func (m *evictionManager) synchronize(ctx context.Context) []evictedPod {
 	return nil
 }
 
-// evict records the Evicted event and hands the pod to its worker, unless it is
+// evict records the Evicted event (with the annotations naming the offending
+// containers, for a threshold eviction) and hands the pod to its worker, unless it is
 // critical. ok is true when the eviction was asked for, as the kubelet counts
 // an eviction whose kill failed.
-func (m *evictionManager) evict(pod *corev1.Pod, grace int64, msg string, cond *corev1.PodCondition) (<-chan struct{}, bool) {
+func (m *evictionManager) evict(pod *corev1.Pod, grace int64, msg string, annotations map[string]string, cond *corev1.PodCondition) (<-chan struct{}, bool) {
 	if isCriticalPod(pod) {
 		klog.ErrorS(nil, "Eviction manager: cannot evict a critical pod", "pod", klog.KObj(pod))
 		return nil, false
 	}
 	if m.recorder != nil {
-		m.recorder.Eventf(pod, corev1.EventTypeWarning, evictionReason, "%s", msg)
+		m.recorder.AnnotatedEventf(pod, annotations, corev1.EventTypeWarning, evictionReason, "%s", msg)
 	}
 	klog.V(3).InfoS("Evicting pod", "pod", klog.KObj(pod), "podUID", pod.UID, "message", msg)
 	done, ok := m.pods.evictPod(pod, grace, evictedStatus(msg, cond))

@@ -179,6 +179,7 @@ func TestEvictionHardMemory(t *testing.T) {
 	assert.Equal(t, "besteffort", evicted[0].pod.Name, "the only pod above its request goes first")
 	assert.Equal(t, []int64{1}, pods.grace, "hard thresholds evict with the immediate grace period")
 	msg := "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. Container main was using 10Mi, request is 0, has larger consumption of memory. "
+	annotations := " map[offending_containers:main offending_containers_usage:10Mi starved_resource:memory]"
 	stBE := pods.status[bestEffort.UID]
 	assert.Equal(t, corev1.PodFailed, stBE.Phase)
 	assert.Equal(t, "Evicted", stBE.Reason)
@@ -190,7 +191,7 @@ func TestEvictionHardMemory(t *testing.T) {
 	}, stBE.Conditions[1])
 	assert.Equal(t, []string{
 		"Warning EvictionThresholdMet Attempting to reclaim memory",
-		"Warning Evicted " + msg,
+		"Warning Evicted " + msg + annotations,
 	}, events(rec))
 	assert.Equal(t, pressures{memory: true}, m.pressures())
 	reason, amsg, ok := m.admit(testPod("new-besteffort", nil, nil))
@@ -557,4 +558,32 @@ func TestPodManagerEvictionHooks(t *testing.T) {
 	assert.NotNil(t, m.evicting(m.pods[a.UID]))
 	_, ok = m.evictPod(testPod("unknown", nil, nil), 1, func(*corev1.PodStatus) {})
 	assert.False(t, ok)
+}
+
+// The message and event annotations for memory, with a pod-level request
+// (PodLevelResources, beta and on in 1.37) and two containers of which one is
+// over its request.
+func TestEvictionMessageAnnotations(t *testing.T) {
+	pod := testPod("web", memList("10Mi"), nil)
+	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "side", Resources: corev1.ResourceRequirements{Requests: memList("100Mi")}})
+	pod.Spec.Resources = &corev1.ResourceRequirements{Requests: memList("64Mi")}
+	ps := statsapi.PodStats{
+		PodRef: statsapi.PodReference{UID: string(pod.UID)},
+		Memory: &statsapi.MemoryStats{WorkingSetBytes: u64(80 * mi)},
+		Containers: []statsapi.ContainerStats{
+			{Name: "main", Memory: &statsapi.MemoryStats{WorkingSetBytes: u64(30 * mi)}},
+			{Name: "side", Memory: &statsapi.MemoryStats{WorkingSetBytes: u64(50 * mi)}},
+		},
+	}
+	ts, err := parseEvictionConfig(map[string]string{"memory.available": "10%"}, nil, nil, nil, nil)
+	require.NoError(t, err)
+	obs := signalObservations{signalMemoryAvailable: {available: resource.NewQuantity(500*mi, resource.BinarySI), capacity: resource.NewQuantity(8<<30, resource.BinarySI)}}
+	msg, ann := evictionMessage(corev1.ResourceMemory, pod, statsByUID([]statsapi.PodStats{ps}), ts, obs)
+	assert.Equal(t, "The node was low on resource: memory. Threshold quantity: 858993472, available: 500Mi. "+
+		"Pod web was using 80Mi, request is 64Mi, has larger consumption of memory. "+
+		"Container main was using 30Mi, request is 10Mi, has larger consumption of memory. ", msg)
+	assert.Equal(t, map[string]string{
+		"offending_pod": "web", "offending_pod_usage": "80Mi",
+		"offending_containers": "main", "offending_containers_usage": "30Mi", "starved_resource": "memory",
+	}, ann)
 }
