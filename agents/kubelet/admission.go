@@ -61,6 +61,12 @@ func (m *podManager) admit(pod *corev1.Pod) (reason, message string, ok bool) {
 	if pod.Status.Phase == corev1.PodRunning {
 		return "", "", true
 	}
+	// The eviction manager's admit handler comes first, as the kubelet adds it first.
+	if m.eviction != nil {
+		if reason, msg, ok := m.eviction.admit(pod); !ok {
+			return reason, msg, false
+		}
+	}
 	// The kubelet's sysctl admit handler runs before its resource predicates.
 	if reason, msg, ok := m.sysctls.admit(pod); !ok {
 		return reason, msg, false

@@ -107,6 +107,7 @@ func startBenchNode(t testing.TB, cp *controlplane.ControlPlane, egress *addrEgr
 	if upstream {
 		cfg += "failSwapOn: false\nfailCgroupV1: false\ncgroupDriver: cgroupfs\nevictionHard:\n  memory.available: 1Mi\n  nodefs.available: 1%\n  imagefs.available: 1%\n"
 	}
+	cfg = withTestEvictionHard(cfg)
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "manifests"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cfg), 0o600))
 	bin := kubeletBin

@@ -56,6 +56,9 @@ var honouredFields = map[string]bool{
 	"nodeStatusUpdateFrequency": true, "nodeStatusReportFrequency": true, "nodeLeaseDurationSeconds": true,
 	"nodeStatusMaxImages": true, "maxPods": true, "runtimeRequestTimeout": true,
 	"containerRuntimeEndpoint": true, "evictionHard": true, "registerNode": true,
+	// Node-pressure eviction (eviction*.go).
+	"evictionSoft": true, "evictionSoftGracePeriod": true, "evictionMinimumReclaim": true,
+	"evictionMaxPodGracePeriod": true, "evictionPressureTransitionPeriod": true, "localStorageCapacityIsolation": true,
 	"registerWithTaints": true, "kubeAPIQPS": true, "kubeAPIBurst": true, "contentType": true,
 	"eventRecordQPS": true, "eventBurst": true, "providerID": true, "podCIDR": true,
 	"systemReserved": true, "kubeReserved": true,
@@ -398,10 +401,8 @@ func validateConfig(c *kubeletv1beta1.KubeletConfiguration) error {
 			bad("clusterDomain %q: %s", c.ClusterDomain, msg)
 		}
 	}
-	for k, v := range c.EvictionHard {
-		if _, err := parseThreshold(v); err != nil {
-			bad("evictionHard[%q]: %v", k, err)
-		}
+	if _, err := newEvictionConfig(c); err != nil {
+		bad("%v", err)
 	}
 	for i, t := range c.RegisterWithTaints {
 		if err := validateTaint(t); err != nil {

@@ -108,7 +108,7 @@ func startJoiningNode(t *testing.T, cp *controlplane.ControlPlane, name, extraCo
 	bk.Contexts["tls-bootstrap-token-user@kubernetes"] = &clientcmdapi.Context{Cluster: "kubernetes", AuthInfo: "tls-bootstrap-token-user"}
 	bk.CurrentContext = "tls-bootstrap-token-user@kubernetes"
 	require.NoError(t, clientcmd.WriteToFile(*bk, filepath.Join(dir, "bootstrap-kubelet.conf")))
-	cfg := nodeConfig + extraConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\n", filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"))
+	cfg := withTestEvictionHard(nodeConfig + extraConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\n", filepath.Join(dir, "logs"), filepath.Join(dir, "manifests")))
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "manifests"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cfg), 0o600))
 	n.args = []string{

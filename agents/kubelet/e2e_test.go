@@ -151,8 +151,8 @@ func startNodeWith(t testing.TB, cp *controlplane.ControlPlane, name string, cni
 	cp.WriteNodeKubeconfig(t, filepath.Join(dir, "kubeconfig"), name, "https://"+fwd)
 	// The kubelet API trusts the cluster CA's client certificates (kube-apiserver's
 	// --kubelet-client-certificate), as kubeadm configures it.
-	cfg := nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\ncgroupRoot: %s\nauthentication:\n  x509:\n    clientCAFile: %s\n",
-		filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"), n.cgroupRoot, cp.CAFile()) + extraConfig
+	cfg := withTestEvictionHard(nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\ncgroupRoot: %s\nauthentication:\n  x509:\n    clientCAFile: %s\n",
+		filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"), n.cgroupRoot, cp.CAFile()) + extraConfig)
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "manifests"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cfg), 0o600))
 	n.args = []string{

@@ -247,6 +247,16 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 		client: client, name: nodeName, hostname: hostname, nodeIP: nodeIP, labels: labels, cfg: cfg,
 		rootDir: o.rootDir, runtime: runtime, machine: newMachine(), clock: clock.RealClock{}, recorder: recorder,
 	}
+	evictionCfg, err := newEvictionConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	evictions := newEvictionManager(evictionCfg, clock.RealClock{}, recorder, ns.nodeRef())
+	ns.eviction = evictions
+	evictionStats, err := stats.New(stats.Config{Runtime: stats.CRIRuntime(runtime), NodeName: nodeName, RootDir: o.rootDir, PodLogsDir: cfg.PodLogsDir})
+	if err != nil {
+		return fmt.Errorf("eviction manager stats: %w", err)
+	}
 	health := newHealth(clock.RealClock{})
 	srv, err := serveHealthz(cfg, health)
 	if err != nil {
@@ -301,6 +311,10 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 	if err != nil {
 		return err
 	}
+	evictions.stats = &nodeEvictionStats{provider: evictionStats, imageFs: stats.CRIRuntime(runtime).ImageFsInfo, rootDir: o.rootDir, cgroups: pods.cgroups}
+	evictions.pods = pods
+	pods.eviction = evictions
+	start(func() { evictions.run(logCtx) })
 	start(func() {
 		if err := pods.run(logCtx); err != nil && logCtx.Err() == nil {
 			klog.ErrorS(err, "Pod manager stopped")

@@ -61,6 +61,8 @@ type nodeStatus struct {
 	machine  *machine
 	clock    clock.WithTicker
 	recorder record.EventRecorder
+	// eviction, when set, is where the pressure conditions come from.
+	eviction *evictionManager
 
 	mu         sync.Mutex
 	lastReport time.Time
@@ -639,6 +641,10 @@ type pressures struct{ memory, disk, pid bool }
 // nodefs.inodesFree of the root dir's filesystem for DiskPressure, pid.available for
 // PIDPressure when configured.
 func (n *nodeStatus) pressure() pressures {
+	if n.eviction != nil {
+		// As the kubelet: the eviction manager's conditions, transition period included.
+		return n.eviction.pressures()
+	}
 	var p pressures
 	mi := n.machine.meminfo()
 	if t, ok := n.cfg.EvictionHard["memory.available"]; ok {

@@ -82,6 +82,8 @@ type podManager struct {
 	// alloc holds what each admitted pod was allocated (in-place resize).
 	alloc   *allocations
 	hostIPs []string
+	// eviction admits pods against the node's pressure conditions; nil admits all.
+	eviction *evictionManager
 
 	mu   sync.Mutex
 	pods map[types.UID]*podEntry
@@ -109,6 +111,8 @@ type podEntry struct {
 	started bool // running observed once (for kubelet_pod_start_duration_seconds)
 	// status is the last computed status (for the probe manager).
 	status *corev1.PodStatus
+	// evict is the eviction manager's request, once it evicts the pod.
+	evict *evictionRequest
 }
 
 func newPodManager(cfg podManagerConfig) (*podManager, error) {
@@ -590,6 +594,9 @@ func (m *podManager) syncPod(ctx context.Context, e *podEntry) (finished bool, e
 	}
 	if pod.DeletionTimestamp != nil {
 		return m.terminate(ctx, e, pod, false)
+	}
+	if req := m.evicting(e); req != nil {
+		return m.syncEvicted(ctx, e, pod, req)
 	}
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		// Terminal: make sure nothing runs; the status stays as written.
