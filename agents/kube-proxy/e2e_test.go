@@ -404,6 +404,9 @@ func testAgentMode(t *testing.T, cp *controlplane.ControlPlane, mode string) {
 
 	testTrafficPolicyLocal(t, c)
 	testLoadBalancerSourceRanges(t, c)
+	if mode == modeNFTables {
+		testUnallocatedClusterIPs(t, c)
+	}
 
 	// A Service without endpoints is rejected: connection refused, at once.
 	t0 := time.Now()

@@ -195,6 +195,14 @@ func runAgent(ctx context.Context, o *options) error {
 	}
 
 	goRun("service watcher", watcher.Run)
+	if cfg.Mode != modeIPTables {
+		// Upstream's iptables proxier ignores ServiceCIDRs; nftables drops
+		// traffic to their unallocated addresses.
+		cidrs := newServiceCIDRWatch(client, cfg.ConfigSyncPeriod.Duration, func(c []netip.Prefix) {
+			px.OnServiceCIDRsChanged(logger, c)
+		})
+		goRun("serviceCIDR watcher", cidrs.run)
+	}
 	goRun("sync loop", func(ctx context.Context) error {
 		err := px.Run(ctx)
 		svcHealth.Close() // no sync can reopen them now
