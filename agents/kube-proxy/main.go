@@ -314,8 +314,16 @@ func newFamilySyncer(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, 
 	nodeIP := nodeIPFor(cfg, node, f)
 	metrics := rulesMetrics{family: string(f)}
 	if cfg.Mode == modeIPTables {
+		localhost := localhostNodePorts(cfg, node, f)
+		if localhost {
+			klog.FromContext(ctx).Info("Setting route_localnet=1 to allow node-ports on localhost; to change this either disable iptables.localhostNodePorts (--iptables-localhost-nodeports) or set nodePortAddresses (--nodeport-addresses) to filter loopback addresses", "ipFamily", f)
+			if err := ensureSysctl(klog.FromContext(ctx), sysctlRouteLocalnet, 1); err != nil {
+				return nil, nil, err
+			}
+		}
 		w, err := rules.NewIPTables(ctx, rules.IPTablesConfig{Family: rulesFamily(f),
 			MasqueradeMark: mark, ClusterCIDR: cidr, MasqueradeAll: all, NodeIP: nodeIP, Metrics: metrics,
+			LocalhostNodePorts: localhost,
 		})
 		return w, nil, err
 	}
