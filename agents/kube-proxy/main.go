@@ -170,8 +170,9 @@ func runAgent(ctx context.Context, o *options) error {
 	if err != nil {
 		return err
 	}
-	svcHealth := newServiceHealth(hcIPs, listenIn(do), func() bool { return health.health().Healthy })
-	svcHealth.dualStack = len(families) > 1
+	for i := range families {
+		families[i].ServiceHealth = newServiceHealth(families[i].Family, hcIPs[i], listenIn(do), func() bool { return health.health().Healthy })
+	}
 
 	tracker := servicemap.NewTracker(servicemap.Config{Logger: logger, Metrics: trackerMetrics{}})
 	smNode := servicemap.Node{Name: nodeName}
@@ -181,7 +182,7 @@ func runAgent(ctx context.Context, o *options) error {
 	px := newProxier(proxierConfig{
 		Tracker: tracker, Families: families, Do: do,
 		Clock: clock.RealClock{}, MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod,
-		Node: smNode, Health: health, ServiceHealth: svcHealth,
+		Node: smNode, Health: health,
 	})
 	nm.mu.Lock()
 	nm.onChange = px.OnNodeChange
@@ -205,7 +206,9 @@ func runAgent(ctx context.Context, o *options) error {
 	}
 	goRun("sync loop", func(ctx context.Context) error {
 		err := px.Run(ctx)
-		svcHealth.Close() // no sync can reopen them now
+		for _, f := range families {
+			f.ServiceHealth.Close() // no sync can reopen them now
+		}
 		return err
 	})
 	go func() {
@@ -249,16 +252,16 @@ func newClient(o *options) (kubernetes.Interface, error) {
 // usable. The primary family comes from a specific bindAddress, else the Node's
 // first address, else IPv4. A secondary family the kernel (or ip6tables) lacks
 // is skipped with upstream's log line; a missing primary family is an error. It
-// also returns the node addresses health check ports answer on; nil means every
-// address.
-func newSyncers(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node, do func(func() error) error) ([]familySyncer, []netip.Addr, error) {
+// also returns, for each writer, the node addresses of its family that health
+// check ports answer on (its NodePort addresses); nil means every address of the
+// family.
+func newSyncers(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node, do func(func() error) error) ([]familySyncer, [][]netip.Addr, error) {
 	logger := klog.FromContext(ctx)
 	primary := primaryFamily(cfg, node)
 	families := []v1.IPFamily{primary, otherFamily(primary)}
 	var (
 		out      []familySyncer
-		hcAddrs  []netip.Addr
-		hcAll    bool
+		hcAddrs  [][]netip.Addr
 		failures = map[v1.IPFamily]error{}
 	)
 	err := do(func() error {
@@ -279,10 +282,7 @@ func newSyncers(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node 
 				continue
 			}
 			out = append(out, familySyncer{Family: f, Syncer: w, Conntrack: rules.NewConntrackCleaner(nil)})
-			if addrs == nil {
-				hcAll = true
-			}
-			hcAddrs = append(hcAddrs, addrs...)
+			hcAddrs = append(hcAddrs, addrs)
 		}
 		return nil
 	})
@@ -296,9 +296,6 @@ func newSyncers(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node 
 		logger.Info("kube-proxy running in dual-stack mode", "primary ipFamily", primary)
 	} else {
 		logger.Info("kube-proxy running in single-stack mode", "ipFamily", primary)
-	}
-	if hcAll {
-		hcAddrs = nil
 	}
 	return out, hcAddrs, nil
 }
