@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -128,6 +130,7 @@ func testAgentDualStack(t *testing.T, cp *controlplane.ControlPlane, mode string
 	t.Logf("pod added: every destination follows in %s", expect("after web-2 was added", 0, 2))
 
 	testHealthCheckPerFamily(t, c)
+	testSourceRangesPerFamily(t, c)
 
 	// Both families report to /healthz and the metrics.
 	m, err := c.scrape()
@@ -201,4 +204,58 @@ func testHealthCheckPerFamily(t *testing.T, c *cluster) {
 	_, err := hc.Get("http://" + net.JoinHostPort(c.env.NodeIP6.String(), strconv.Itoa(int(only4.Spec.HealthCheckNodePort))) + "/")
 	assert.Error(t, err, "the IPv4-only Service has no IPv6 health check server")
 	t.Logf("%s: health check servers per family: dual-stack Service on both node addresses, IPv4-only Service on IPv4 only", c.mode)
+}
+
+// testSourceRangesPerFamily: a dual-stack LoadBalancer Service whose
+// loadBalancerSourceRanges hold an IPv6 range for the external client and an IPv4
+// range for the pods. Each family's rules take only their family's ranges, as
+// upstream's per-family proxiers: over IPv6 the client reaches the load-balancer
+// IP and a pod is dropped, over IPv4 the other way round.
+func testSourceRangesPerFamily(t *testing.T, c *cluster) {
+	t.Helper()
+	ctx := context.Background()
+	const lb4, lb6 = "10.96.250.251", "fd00:10:96::fb"
+	policy := corev1.IPFamilyPolicyRequireDualStack
+	svc, err := c.client.CoreV1().Services(c.ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "lbsr", Namespace: c.ns},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": "web"},
+			IPFamilyPolicy: &policy, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol},
+			LoadBalancerSourceRanges: []string{netns.IPv6ExternalCIDR.String(), c.env.PodCIDR.String()},
+			Ports:                    []corev1.ServicePort{{Name: "p", Port: 8083, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt(c.env.Pods[0].HTTPPort)}},
+		},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lb4}, {IP: lb6}}
+	_, err = c.client.CoreV1().Services(c.ns).UpdateStatus(ctx, svc, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	client, pod := c.env.Client, c.env.Pods[1].Namespace
+	dial := func(ns *netns.Namespace, ip string) (time.Duration, error) {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		t0 := time.Now()
+		conn, err := ns.Dial(dctx, "tcp", net.JoinHostPort(ip, "8083"))
+		if conn != nil {
+			conn.Close()
+		}
+		return time.Since(t0), err
+	}
+	admitted := func(ns *netns.Namespace, ip string) {
+		t.Helper()
+		require.Eventually(t, func() bool { _, err := dial(ns, ip); return err == nil }, 30*time.Second, 50*time.Millisecond,
+			"%s never reached %s", ns.Name, ip)
+	}
+	dropped := func(ns *netns.Namespace, ip string) {
+		t.Helper()
+		took, err := dial(ns, ip)
+		require.Error(t, err, "%s outside %s's source ranges connected", ns.Name, ip)
+		assert.False(t, errors.Is(err, syscall.ECONNREFUSED), "want dropped, got %v", err)
+		assert.GreaterOrEqual(t, took, 900*time.Millisecond, "dropped, so no answer: %v after %v", err, took)
+	}
+	admitted(client, lb6)
+	admitted(pod, lb4)
+	dropped(pod, lb6)
+	dropped(client, lb4)
+	t.Logf("%s: loadBalancerSourceRanges per family: IPv6 range admits the client, IPv4 range the pods", c.mode)
 }
