@@ -420,6 +420,7 @@ func testAgentMode(t *testing.T, cp *controlplane.ControlPlane, mode string) {
 	assert.Contains(t, hcBody, `"localEndpoints": 3,`)
 	assert.Contains(t, hcBody, `"name": "lb"`)
 
+	testEvents(t, c)
 	testTrafficPolicyLocal(t, c)
 	testLoadBalancerSourceRanges(t, c)
 	if mode == modeNFTables {

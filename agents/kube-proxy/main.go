@@ -150,14 +150,25 @@ func runAgent(ctx context.Context, o *options) error {
 	nm := newNodeWatch(client, nodeName, cfg.ConfigSyncPeriod.Duration)
 	goRun("node informer", nm.run)
 	health := newHealthServer(clock.RealClock{}, 2*syncPeriod, nm.get)
-	if cfg.HealthzBindAddress != "" {
-		goRun("healthz server", func(ctx context.Context) error {
-			return serveHTTP(ctx, logger, "healthz", cfg.HealthzBindAddress, health.handler())
-		})
+	recorder, stopEvents, err := startEvents(ctx, client)
+	if err != nil {
+		return err
 	}
-	goRun("metrics server", func(ctx context.Context) error {
-		return serveHTTP(ctx, logger, "metrics", cfg.MetricsBindAddress, metricsHandler(string(cfg.Mode), cfg.EnableProfiling))
-	})
+	defer stopEvents()
+	// A server that cannot start ends the agent, with upstream's event.
+	serve := func(what, reason, addr string, h http.Handler) func(context.Context) error {
+		return func(ctx context.Context) error {
+			err := serveHTTP(ctx, logger, what, addr, h)
+			if err != nil && ctx.Err() == nil {
+				recorder.Eventf(nodeRef(nodeName), nil, v1.EventTypeWarning, reason, "StartKubeProxy", err.Error())
+			}
+			return err
+		}
+	}
+	if cfg.HealthzBindAddress != "" {
+		goRun("healthz server", serve("healthz", "FailedToStartProxierHealthcheck", cfg.HealthzBindAddress, health.handler()))
+	}
+	goRun("metrics server", serve("metrics", "FailedToStartMetricServer", cfg.MetricsBindAddress, metricsHandler(string(cfg.Mode), cfg.EnableProfiling)))
 	nm.mu.Lock()
 	nm.onIPsChanged = func(old, new []string) {
 		logger.Info("NodeIPs changed for the node", "node", klog.KRef("", nodeName), "newNodeIPs", new, "oldNodeIPs", old)
@@ -171,7 +182,9 @@ func runAgent(ctx context.Context, o *options) error {
 		return err
 	}
 	for i := range families {
-		families[i].ServiceHealth = newServiceHealth(families[i].Family, hcIPs[i], listenIn(do), func() bool { return health.health().Healthy })
+		sh := newServiceHealth(families[i].Family, hcIPs[i], listenIn(do), func() bool { return health.health().Healthy })
+		sh.recorder, sh.nodeName = recorder, nodeName
+		families[i].ServiceHealth = sh
 	}
 
 	tracker := servicemap.NewTracker(servicemap.Config{Logger: logger, Metrics: trackerMetrics{}})
@@ -211,6 +224,8 @@ func runAgent(ctx context.Context, o *options) error {
 		}
 		return err
 	})
+	// Upstream's birth cry, once the watches are started.
+	recorder.Eventf(nodeRef(nodeName), nil, v1.EventTypeNormal, "Starting", "StartKubeProxy", "")
 	go func() {
 		select {
 		case <-watcher.Synced():

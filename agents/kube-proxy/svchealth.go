@@ -13,6 +13,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 )
 
@@ -32,6 +33,10 @@ type serviceHealth struct {
 	// listen opens a listener where the node's network lives.
 	listen  func(network, addr string) (net.Listener, error)
 	healthy func() bool
+	// recorder, when set, gets upstream's FailedToStartServiceHealthcheck
+	// event, naming nodeName.
+	recorder events.EventRecorder
+	nodeName string
 
 	mu       sync.RWMutex
 	services map[types.NamespacedName]*hcInstance
@@ -71,7 +76,12 @@ func (s *serviceHealth) sync(logger klog.Logger, ports map[types.NamespacedName]
 		logger.V(2).Info("Opening healthcheck", "service", nn, "port", port)
 		inst, err := s.open(logger, nn, port)
 		if err != nil {
-			logger.Error(err, "Failed to start healthcheck", "service", nn, "port", port)
+			if s.recorder != nil {
+				s.recorder.Eventf(&v1.ObjectReference{APIVersion: "v1", Kind: "Service", Namespace: nn.Namespace, Name: nn.Name}, nil,
+					v1.EventTypeWarning, "FailedToStartServiceHealthcheck", "Listen",
+					"node %s failed to start healthcheck %q on port %d: %v", s.nodeName, nn.String(), port, err)
+			}
+			logger.Error(err, "Failed to start healthcheck", "node", s.nodeName, "service", nn, "port", port)
 			continue
 		}
 		s.services[nn] = inst
