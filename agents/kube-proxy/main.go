@@ -127,14 +127,37 @@ func runAgent(ctx context.Context, o *options) error {
 	defer wg.Wait()
 	defer cancel()
 	errCh := make(chan error, 8)
+	// A part that fails ends the agent, even while it is still starting (upstream
+	// runs its parts beside the loop that waits for their errors): the error is
+	// queued and ctx cancelled, so a start-up step waiting on ctx returns.
 	goRun := func(name string, fn func(context.Context) error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if err := fn(ctx); err != nil && ctx.Err() == nil {
 				errCh <- fmt.Errorf("%s: %w", name, err)
+				cancel()
 			}
 		}()
+	}
+	// stopped is what the agent returns once ctx has ended: a part's error, or
+	// nil for a signal.
+	stopped := func() error {
+		select {
+		case err := <-errCh:
+			return err
+		default:
+			logger.Info("Shutting down; the rules stay in the kernel")
+			return nil
+		}
+	}
+
+	if o.configFile != "" {
+		cw, err := newConfigWatcher(o.configFile)
+		if err != nil {
+			return err
+		}
+		goRun("config file watcher", cw.run)
 	}
 
 	// Where the rules live.
@@ -176,6 +199,9 @@ func runAgent(ctx context.Context, o *options) error {
 	}
 	nm.mu.Unlock()
 	node := nm.waitForIPs(ctx, logger, 30*time.Second)
+	if ctx.Err() != nil {
+		return stopped()
+	}
 
 	families, hcIPs, err := newSyncers(ctx, cfg, node, do)
 	if err != nil {
@@ -237,8 +263,7 @@ func runAgent(ctx context.Context, o *options) error {
 
 	select {
 	case <-ctx.Done():
-		logger.Info("Shutting down; the rules stay in the kernel")
-		return nil
+		return stopped()
 	case err := <-errCh:
 		return err
 	}
