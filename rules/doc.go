@@ -76,6 +76,8 @@
 // (`ip daddr { CIDR } drop`) where kube-proxy puts them all in one anonymous set. The
 // only anonymous sets the writer uses are those of LoadBalancerSourceRanges, which
 // the netlink applier creates as nft does (see Load-balancer source ranges).
+// NFTables.SetServiceCIDRs replaces the CIDRs as the cluster's ServiceCIDR objects
+// change; the next sync, even a partial one, rewrites that chain alone.
 //
 // The table name is configurable (NFTablesConfig.Table), so nodekit can run beside a
 // real kube-proxy without touching its table.
@@ -88,6 +90,9 @@
 // iptables-restore --noflush, with the nf_tables backend (IPTablesNFT) or the legacy
 // one (IPTablesLegacy). IPTablesConfig.Prefix replaces "KUBE" so nodekit can run
 // beside a real kube-proxy.
+// IPTablesConfig.LocalhostNodePorts is kube-proxy's iptables.localhostNodePorts:
+// NodePorts on 127.0.0.0/8 for the node itself, with the KUBE-FIREWALL drop of
+// loopback-destined traffic from elsewhere; the caller sets route_localnet=1.
 //
 // # Read-back, drift and trace
 //

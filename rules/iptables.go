@@ -58,6 +58,17 @@ type IPTablesConfig struct {
 	// service's LoadBalancerSourceRanges contain it, the service's load-balancer
 	// IPs are allowed as sources too. Zero means no such allowance.
 	NodeIP netip.Addr
+	// LocalhostNodePorts (IPv4 only) lets NodePorts answer on 127.0.0.0/8 from the
+	// node itself, kube-proxy's iptables.localhostNodePorts: the NodePorts jump
+	// then matches loopback destinations too, and PREFIX-FIREWALL (jumped to from
+	// INPUT and OUTPUT) drops packets to 127.0.0.0/8 from elsewhere that are not
+	// part of a DNATed connection, closing the hole route_localnet opens
+	// (https://issue.k8s.io/90259). The DNATed packets keep their loopback source,
+	// which the kernel routes off the host only with
+	// net.ipv4.conf.all.route_localnet=1: the caller sets it in the namespace, as
+	// kube-proxy does at start. False excludes 127.0.0.0/8 from the NodePorts
+	// jump, as an IPv6 writer always excludes ::1.
+	LocalhostNodePorts bool
 	// Clock times syncs. Nil means the real clock.
 	Clock clock.PassiveClock
 	// Metrics receives sync results. Nil means none.
@@ -81,6 +92,9 @@ func (c *IPTablesConfig) setDefaults() error {
 	}
 	if err := defaultMarkAndCIDR(&c.Family, &c.MasqueradeMark, c.ClusterCIDR, c.NodeIP); err != nil {
 		return err
+	}
+	if c.LocalhostNodePorts && c.Family == IPv6 {
+		return fmt.Errorf("%w: localhost NodePorts are IPv4 only (the kernel never routes ::1 off the host)", ErrInvalidConfig)
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
@@ -423,8 +437,23 @@ func (w *IPTables) compile(st *State) (*iptPlan, error) {
 			}
 		}
 	}
+	// Loopback destinations reach NodePorts only with localhost NodePorts (and
+	// never over IPv6); the rule text is kube-proxy's, word for word.
+	notLoopback := ""
+	switch {
+	case w.cfg.Family == IPv6:
+		notLoopback = " ! -d ::1/128"
+	case !w.cfg.LocalhostNodePorts:
+		notLoopback = " ! -d 127.0.0.0/8"
+	}
 	p.natTop[services] = append(p.natTop[services],
-		fmt.Sprintf(`-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j %s`, nodePorts))
+		fmt.Sprintf(`-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL%s -j %s`, notLoopback, nodePorts))
+	if w.localhostFirewall() {
+		// The kubelet's anti-martian rule, which kube-proxy writes too.
+		p.filterTop[w.chain("FIREWALL")] = []string{
+			`-m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`,
+		}
+	}
 	return p, nil
 }
 
@@ -508,7 +537,7 @@ func (w *IPTables) jumps() [][]string {
 	j := func(table, from, to, comment, extra string) []string {
 		return []string{table, from, fmt.Sprintf("%s-m comment --comment %s -j %s", extra, quoteComment(comment), w.chain(to))}
 	}
-	return [][]string{
+	out := [][]string{
 		j("filter", "INPUT", "EXTERNAL-SERVICES", "kubernetes externally-visible service portals", newConn),
 		j("filter", "FORWARD", "EXTERNAL-SERVICES", "kubernetes externally-visible service portals", newConn),
 		j("filter", "INPUT", "NODEPORTS", "kubernetes health check service ports", ""),
@@ -522,6 +551,19 @@ func (w *IPTables) jumps() [][]string {
 		j("nat", "PREROUTING", "SERVICES", "kubernetes service portals", ""),
 		j("nat", "POSTROUTING", "POSTROUTING", "kubernetes postrouting rules", ""),
 	}
+	if w.localhostFirewall() {
+		// The kubelet's chain: jumped to without a comment, as the kubelet does.
+		for _, from := range []string{"INPUT", "OUTPUT"} {
+			out = append(out, []string{"filter", from, "-j " + w.chain("FIREWALL")})
+		}
+	}
+	return out
+}
+
+// localhostFirewall reports whether the writer keeps PREFIX-FIREWALL. Without
+// localhost NodePorts it leaves that chain, the kubelet's, as it finds it.
+func (w *IPTables) localhostFirewall() bool {
+	return w.cfg.LocalhostNodePorts && w.cfg.Family == IPv4
 }
 
 // serviceChainRE matches the per-service chains of this prefix.

@@ -94,7 +94,9 @@ type NFTablesConfig struct {
 	ClusterCIDR netip.Prefix
 	// MasqueradeAll masquerades all ClusterIP traffic.
 	MasqueradeAll bool
-	// ServiceCIDRs, when set, make traffic to unallocated ClusterIPs in them drop.
+	// ServiceCIDRs, when set, make traffic to unallocated ClusterIPs in them drop
+	// (kube-proxy's "Drop traffic to unallocated ClusterIPs", from the cluster's
+	// ServiceCIDR objects). SetServiceCIDRs replaces them on a running writer.
 	ServiceCIDRs []netip.Prefix
 	// NodePortAddresses are the node IPs that accept NodePort traffic. Empty means
 	// every local address except loopback.
@@ -164,10 +166,8 @@ func (c *NFTablesConfig) setDefaults() error {
 	if err := defaultMarkAndCIDR(&c.Family, &c.MasqueradeMark, c.ClusterCIDR, c.NodeIP); err != nil {
 		return err
 	}
-	for _, p := range c.ServiceCIDRs {
-		if !p.IsValid() || !c.Family.has(p.Addr()) {
-			return fmt.Errorf("%w: service CIDR %v is not %s", ErrInvalidConfig, p, c.Family)
-		}
+	if err := checkServiceCIDRs(c.Family, c.ServiceCIDRs); err != nil {
+		return err
 	}
 	for _, a := range c.NodePortAddresses {
 		if !c.Family.has(a) {
@@ -186,6 +186,15 @@ func (c *NFTablesConfig) setDefaults() error {
 	case NFTablesNetlink, NFTablesCLI:
 	default:
 		return fmt.Errorf("%w: nftables applier %q is not %q or %q", ErrInvalidConfig, c.Applier, NFTablesNetlink, NFTablesCLI)
+	}
+	return nil
+}
+
+func checkServiceCIDRs(f Family, cidrs []netip.Prefix) error {
+	for _, p := range cidrs {
+		if !p.IsValid() || !f.has(p.Addr()) {
+			return fmt.Errorf("%w: service CIDR %v is not %s", ErrInvalidConfig, p, f)
+		}
 	}
 	return nil
 }
@@ -214,6 +223,9 @@ type NFTables struct {
 	baseRecreated bool
 	// gen numbers transactions (see svcRules.mark).
 	gen uint64
+	// cidrsChanged: SetServiceCIDRs changed cfg.ServiceCIDRs since the last
+	// successful sync, so the next one, even partial, rewrites cluster-ips-check.
+	cidrsChanged bool
 }
 
 // NewNFTables checks that nft (>= 1.0.1) works and returns a writer. It touches no
@@ -316,9 +328,38 @@ func (w *NFTables) sync(ctx context.Context, st *State, ch *Changes) error {
 		return err
 	}
 	commit()
+	w.cidrsChanged = false
 	w.stale = newStale
 	w.baseRecreated = true
 	log.V(4).Info("nftables sync done", "family", w.cfg.Family, "table", w.cfg.Table, "full", full, "operations", len(tx.ops), "planned", planned, "took", took)
+	return nil
+}
+
+// SetServiceCIDRs replaces the service CIDRs whose unallocated addresses are
+// dropped (NFTablesConfig.ServiceCIDRs), as kube-proxy's OnServiceCIDRsChanged
+// does when the cluster's ServiceCIDR objects change. The next sync, full or
+// partial, rewrites the cluster-ips-check chain with them; kube-proxy waits for
+// its next full sync instead. Every prefix must be of the writer's family; an
+// error changes nothing.
+func (w *NFTables) SetServiceCIDRs(cidrs []netip.Prefix) error {
+	if err := checkServiceCIDRs(w.cfg.Family, cidrs); err != nil {
+		return err
+	}
+	masked := make([]netip.Prefix, 0, len(cidrs))
+	for _, p := range cidrs {
+		masked = append(masked, p.Masked())
+	}
+	slices.SortFunc(masked, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
+	masked = slices.Compact(masked)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if slices.Equal(masked, w.cfg.ServiceCIDRs) {
+		return nil
+	}
+	w.cfg.ServiceCIDRs = masked
+	w.cidrsChanged = true
 	return nil
 }
 
@@ -743,6 +784,10 @@ func (w *NFTables) transaction(ctx context.Context, st *State, ch *Changes) (*nf
 		maps.Copy(oldAffinity, r.affinity)
 	}
 	var existingChains []string
+	if !full && w.cidrsChanged {
+		tx.flush(&knftables.Chain{Name: chainClusterIPsCheck})
+		w.clusterIPsCheckRules(tx)
+	}
 	if full {
 		w.writeBase(tx)
 		// Whatever a previous writer left: chains to flush, affinity sets to delete.
@@ -1124,15 +1169,7 @@ func (w *NFTables) writeBase(tx *nftTx) {
 	tx.add(&knftables.Rule{Chain: chainMasquerading,
 		Rule: "ct status dnat " + ipX + " saddr . " + ipX + " daddr . meta l4proto . th dport @" + setHairpinConnections + " masquerade fully-random"})
 	tx.add(&knftables.Set{Name: setClusterIPs, Type: addr, Comment: knftables.PtrTo("Active ClusterIPs")})
-	tx.add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: ipX + " daddr @" + setClusterIPs + " reject",
-		Comment: knftables.PtrTo("Reject traffic to invalid ports of ClusterIPs")})
-	// kube-proxy puts all service CIDRs in one anonymous set; one rule per CIDR
-	// (each a one-element set, which nft compiles to a plain match) drops the same
-	// packets and needs no anonymous set in the netlink encoding.
-	for _, p := range w.cfg.ServiceCIDRs {
-		tx.add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: ipX + " daddr { " + p.Masked().String() + " } drop",
-			Comment: knftables.PtrTo("Drop traffic to unallocated ClusterIPs")})
-	}
+	w.clusterIPsCheckRules(tx)
 	tx.add(&knftables.Set{Name: setNodePortIPs, Type: addr, Comment: knftables.PtrTo("IPs that accept NodePort traffic")})
 	matchAllNodePorts := len(w.cfg.NodePortAddresses) == 0
 	if matchAllNodePorts {
@@ -1177,6 +1214,23 @@ func (w *NFTables) writeBase(tx *nftTx) {
 	} else {
 		tx.add(&knftables.Rule{Chain: chainServices,
 			Rule: ipX + " daddr @" + setNodePortIPs + " meta l4proto . th dport vmap @" + mapServiceNodePorts})
+	}
+}
+
+// clusterIPsCheckRules writes the rules of cluster-ips-check (emptied before):
+// traffic that reached the filter hooks without being DNATed is rejected when its
+// destination is a ClusterIP (a port the Service does not have) and dropped when
+// it is another address of a service CIDR.
+func (w *NFTables) clusterIPsCheckRules(tx *nftTx) {
+	ipX := w.cfg.Family.ipX()
+	tx.add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: ipX + " daddr @" + setClusterIPs + " reject",
+		Comment: knftables.PtrTo("Reject traffic to invalid ports of ClusterIPs")})
+	// kube-proxy puts all service CIDRs in one anonymous set; one rule per CIDR
+	// (each a one-element set, which nft compiles to a plain match) drops the same
+	// packets and needs no anonymous set in the netlink encoding.
+	for _, p := range w.cfg.ServiceCIDRs {
+		tx.add(&knftables.Rule{Chain: chainClusterIPsCheck, Rule: ipX + " daddr { " + p.Masked().String() + " } drop",
+			Comment: knftables.PtrTo("Drop traffic to unallocated ClusterIPs")})
 	}
 }
 

@@ -274,9 +274,13 @@ func TestRenderIPTables(t *testing.T) {
 // TestIPTablesMatchesKubeProxy checks lines against kube-proxy 1.37's own expected
 // iptables-restore output for the same services.
 func TestIPTablesMatchesKubeProxy(t *testing.T) {
-	out, err := RenderIPTables(IPTablesConfig{ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8")}, sampleState())
+	// kube-proxy's default: localhost NodePorts on.
+	out, err := RenderIPTables(IPTablesConfig{ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8"), LocalhostNodePorts: true}, sampleState())
 	require.NoError(t, err)
 	for _, line := range []string{
+		`-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`,
+		`-I INPUT -j KUBE-FIREWALL`,
+		`-I OUTPUT -j KUBE-FIREWALL`,
 		`-A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j KUBE-SVC-XPGD46QRK7WJZT7O`,
 		`-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ`,
 		`-A KUBE-SVC-XPGD46QRK7WJZT7O -m comment --comment "ns1/svc1:p80 -> 10.180.0.1:80" -j KUBE-SEP-SXIVWICOYRO3J4NJ`,

@@ -82,6 +82,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", c.MetricsBindAddress, "The IP address and port for the metrics server to serve on, defaulting to \"127.0.0.1:10249\". This parameter is ignored if a config file is specified by --config.")
 	fs.StringVar(&o.mode, "proxy-mode", "", "Which proxy mode to use: 'nftables' (the default in nodekit) or 'iptables'. This parameter is ignored if a config file is specified by --config.")
 	fs.Int32Var(c.IPTables.MasqueradeBit, "iptables-masquerade-bit", *c.IPTables.MasqueradeBit, "If using the iptables proxy mode, the bit of the fwmark space to mark packets requiring SNAT with. Must be within the range [0, 31].")
+	fs.BoolVar(c.IPTables.LocalhostNodePorts, "iptables-localhost-nodeports", *c.IPTables.LocalhostNodePorts, "If false, kube-proxy will disable the legacy behavior of allowing NodePort services to be accessed via localhost. (Applies only to iptables mode and IPv4; localhost NodePorts are never allowed with other proxy modes or with IPv6.)")
 	fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "SNAT all traffic sent via Service cluster IPs.")
 	fs.DurationVar(&o.syncPeriod, "iptables-sync-period", o.syncPeriod, "The retry interval after a failed sync (e.g. '5s', '1m'). Must be greater than 0.")
 	fs.DurationVar(&o.minSyncPeriod, "iptables-min-sync-period", o.minSyncPeriod, "The minimum period between rule resyncs (e.g. '5s', '1m'). A value of 0 means every Service or EndpointSlice change will result in an immediate resync.")
@@ -436,11 +437,8 @@ func unhonoured(c *v1alpha1.KubeProxyConfiguration) []string {
 	if c.DetectLocalMode != "ClusterCIDR" {
 		out = append(out, "detectLocalMode")
 	}
-	if c.Mode == modeIPTables && ptr.Deref(c.IPTables.LocalhostNodePorts, false) {
-		out = append(out, "iptables.localhostNodePorts")
-	}
 	for _, a := range c.NodePortAddresses {
-		if a == nodePortAddressesLocalhost {
+		if a == nodePortAddressesLocalhost && c.Mode != modeIPTables {
 			out = append(out, "nodePortAddresses[localhost]")
 		}
 	}
@@ -457,4 +455,37 @@ func unhonoured(c *v1alpha1.KubeProxyConfiguration) []string {
 		out = append(out, "clientConnection.acceptContentTypes")
 	}
 	return out
+}
+
+// localhostNodePorts is upstream's decision for one family's iptables proxier:
+// iptables.localhostNodePorts, kept only for IPv4 and only when the
+// nodePortAddresses of the family (none meaning all) take in 127.0.0.1
+// (NodePortAddresses.ContainsIPv4Loopback after the keywords are expanded:
+// 'all' and 'localhost' do, 'primary' does not). nodekit's iptables mode answers
+// NodePorts on every address whatever the list says, but the loopback decision
+// follows the list as upstream's does.
+func localhostNodePorts(c *v1alpha1.KubeProxyConfiguration, node *v1.Node, family v1.IPFamily) bool {
+	if c.Mode != modeIPTables || family != v1.IPv4Protocol || !ptr.Deref(c.IPTables.LocalhostNodePorts, true) {
+		return false
+	}
+	loopback := netip.MustParseAddr("127.0.0.1")
+	anyIPv4 := false
+	for _, a := range c.NodePortAddresses {
+		switch a {
+		case nodePortAddressesAll, nodePortAddressesLocalhost:
+			return true
+		case nodePortAddressesPrimary:
+			if ip := nodeIPFor(c, node, v1.IPv4Protocol); ip.IsValid() && !ip.IsLoopback() {
+				anyIPv4 = true
+			}
+		default:
+			if p, err := netip.ParsePrefix(a); err == nil && p.Addr().Is4() {
+				anyIPv4 = true
+				if p.Contains(loopback) {
+					return true
+				}
+			}
+		}
+	}
+	return !anyIPv4
 }

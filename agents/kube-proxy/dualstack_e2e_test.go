@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -127,6 +129,9 @@ func testAgentDualStack(t *testing.T, cp *controlplane.ControlPlane, mode string
 	c.waitSlice("web", want(0, 2)...)
 	t.Logf("pod added: every destination follows in %s", expect("after web-2 was added", 0, 2))
 
+	testHealthCheckPerFamily(t, c)
+	testSourceRangesPerFamily(t, c)
+
 	// Both families report to /healthz and the metrics.
 	m, err := c.scrape()
 	require.NoError(t, err)
@@ -145,4 +150,112 @@ func healthzBody(t *testing.T, c *cluster) string {
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// testHealthCheckPerFamily: each family's health check servers, as upstream's
+// one per proxier: a dual-stack LoadBalancer Service with externalTrafficPolicy
+// Local answers on the node's IPv4 and IPv6 addresses, each with its family's
+// local endpoints (pods web-0 and web-2, both on this node); an IPv4-only one
+// answers on the IPv4 address and has no server on the IPv6 one.
+func testHealthCheckPerFamily(t *testing.T, c *cluster) {
+	t.Helper()
+	ctx := context.Background()
+	lb := func(name string, families ...corev1.IPFamily) *corev1.Service {
+		policy := corev1.IPFamilyPolicySingleStack
+		if len(families) > 1 {
+			policy = corev1.IPFamilyPolicyRequireDualStack
+		}
+		svc, err := c.client.CoreV1().Services(c.ns).Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: c.ns},
+			Spec: corev1.ServiceSpec{
+				Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": "web"},
+				ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+				IPFamilyPolicy:        &policy, IPFamilies: families,
+				Ports: []corev1.ServicePort{{Name: "p", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt(c.env.Pods[0].HTTPPort)}},
+			},
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		require.NotZero(t, svc.Spec.HealthCheckNodePort)
+		return svc
+	}
+	dual := lb("lb-dual", corev1.IPv4Protocol, corev1.IPv6Protocol)
+	only4 := lb("lb-ipv4", corev1.IPv4Protocol)
+	hc := c.env.Client.HTTPClient(2 * time.Second)
+	defer hc.CloseIdleConnections()
+	answers := func(ip string, svc *corev1.Service) {
+		t.Helper()
+		url := "http://" + net.JoinHostPort(ip, strconv.Itoa(int(svc.Spec.HealthCheckNodePort))) + "/"
+		var body string
+		require.Eventually(t, func() bool {
+			resp, err := hc.Get(url)
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			body = string(b)
+			return resp.StatusCode == http.StatusOK && strings.Contains(body, `"localEndpoints": 2,`)
+		}, 30*time.Second, 50*time.Millisecond, "%s (%s) never answered 200 with 2 local endpoints: %s", url, svc.Name, body)
+		assert.Contains(t, body, `"name": "`+svc.Name+`"`)
+	}
+	answers(c.env.NodeIP.String(), dual)
+	answers(c.env.NodeIP6.String(), dual)
+	answers(c.env.NodeIP.String(), only4)
+	_, err := hc.Get("http://" + net.JoinHostPort(c.env.NodeIP6.String(), strconv.Itoa(int(only4.Spec.HealthCheckNodePort))) + "/")
+	assert.Error(t, err, "the IPv4-only Service has no IPv6 health check server")
+	t.Logf("%s: health check servers per family: dual-stack Service on both node addresses, IPv4-only Service on IPv4 only", c.mode)
+}
+
+// testSourceRangesPerFamily: a dual-stack LoadBalancer Service whose
+// loadBalancerSourceRanges hold an IPv6 range for the external client and an IPv4
+// range for the pods. Each family's rules take only their family's ranges, as
+// upstream's per-family proxiers: over IPv6 the client reaches the load-balancer
+// IP and a pod is dropped, over IPv4 the other way round.
+func testSourceRangesPerFamily(t *testing.T, c *cluster) {
+	t.Helper()
+	ctx := context.Background()
+	const lb4, lb6 = "10.96.250.251", "fd00:10:96::fb"
+	policy := corev1.IPFamilyPolicyRequireDualStack
+	svc, err := c.client.CoreV1().Services(c.ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "lbsr", Namespace: c.ns},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": "web"},
+			IPFamilyPolicy: &policy, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol},
+			LoadBalancerSourceRanges: []string{netns.IPv6ExternalCIDR.String(), c.env.PodCIDR.String()},
+			Ports:                    []corev1.ServicePort{{Name: "p", Port: 8083, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt(c.env.Pods[0].HTTPPort)}},
+		},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lb4}, {IP: lb6}}
+	_, err = c.client.CoreV1().Services(c.ns).UpdateStatus(ctx, svc, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	client, pod := c.env.Client, c.env.Pods[1].Namespace
+	dial := func(ns *netns.Namespace, ip string) (time.Duration, error) {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		t0 := time.Now()
+		conn, err := ns.Dial(dctx, "tcp", net.JoinHostPort(ip, "8083"))
+		if conn != nil {
+			conn.Close()
+		}
+		return time.Since(t0), err
+	}
+	admitted := func(ns *netns.Namespace, ip string) {
+		t.Helper()
+		require.Eventually(t, func() bool { _, err := dial(ns, ip); return err == nil }, 30*time.Second, 50*time.Millisecond,
+			"%s never reached %s", ns.Name, ip)
+	}
+	dropped := func(ns *netns.Namespace, ip string) {
+		t.Helper()
+		took, err := dial(ns, ip)
+		require.Error(t, err, "%s outside %s's source ranges connected", ns.Name, ip)
+		assert.False(t, errors.Is(err, syscall.ECONNREFUSED), "want dropped, got %v", err)
+		assert.GreaterOrEqual(t, took, 900*time.Millisecond, "dropped, so no answer: %v after %v", err, took)
+	}
+	admitted(client, lb6)
+	admitted(pod, lb4)
+	dropped(pod, lb6)
+	dropped(client, lb4)
+	t.Logf("%s: loadBalancerSourceRanges per family: IPv6 range admits the client, IPv4 range the pods", c.mode)
 }

@@ -379,6 +379,24 @@ func testAgentMode(t *testing.T, cp *controlplane.ControlPlane, mode string) {
 	assert.Zero(t, got[""], "NodePort failures: %v", got)
 	assert.Len(t, got, 3, "NodePort spread: %v", got)
 
+	// Localhost NodePorts: iptables mode (localhostNodePorts, on by default)
+	// answers on 127.0.0.1 from the node itself, having set route_localnet in the
+	// node's namespace; nftables mode never does.
+	localNodePort := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(web.Spec.Ports[0].NodePort)))
+	if mode == modeIPTables {
+		got = served(c.env.Node, localNodePort, 9, 2*time.Second)
+		assert.Zero(t, got[""], "localhost NodePort failures: %v", got)
+		out, err := c.env.NodeRun(context.Background(), "", "sysctl", "-n", "net.ipv4.conf.all.route_localnet")
+		require.NoError(t, err)
+		assert.Equal(t, "1", strings.TrimSpace(out), "route_localnet in the node's namespace")
+	} else {
+		conn, err := c.env.Node.Dial(context.Background(), "tcp", localNodePort)
+		if conn != nil {
+			conn.Close()
+		}
+		assert.True(t, errors.Is(err, syscall.ECONNREFUSED), "nftables: no NodePort on 127.0.0.1, got %v", err)
+	}
+
 	var conn net.Conn
 	// A LoadBalancer Service with externalTrafficPolicy Local gets a health check
 	// server on its healthCheckNodePort, counting this node's ready endpoints.
@@ -402,8 +420,12 @@ func testAgentMode(t *testing.T, cp *controlplane.ControlPlane, mode string) {
 	assert.Contains(t, hcBody, `"localEndpoints": 3,`)
 	assert.Contains(t, hcBody, `"name": "lb"`)
 
+	testEvents(t, c)
 	testTrafficPolicyLocal(t, c)
 	testLoadBalancerSourceRanges(t, c)
+	if mode == modeNFTables {
+		testUnallocatedClusterIPs(t, c)
+	}
 
 	// A Service without endpoints is rejected: connection refused, at once.
 	t0 := time.Now()

@@ -127,14 +127,37 @@ func runAgent(ctx context.Context, o *options) error {
 	defer wg.Wait()
 	defer cancel()
 	errCh := make(chan error, 8)
+	// A part that fails ends the agent, even while it is still starting (upstream
+	// runs its parts beside the loop that waits for their errors): the error is
+	// queued and ctx cancelled, so a start-up step waiting on ctx returns.
 	goRun := func(name string, fn func(context.Context) error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if err := fn(ctx); err != nil && ctx.Err() == nil {
 				errCh <- fmt.Errorf("%s: %w", name, err)
+				cancel()
 			}
 		}()
+	}
+	// stopped is what the agent returns once ctx has ended: a part's error, or
+	// nil for a signal.
+	stopped := func() error {
+		select {
+		case err := <-errCh:
+			return err
+		default:
+			logger.Info("Shutting down; the rules stay in the kernel")
+			return nil
+		}
+	}
+
+	if o.configFile != "" {
+		cw, err := newConfigWatcher(o.configFile)
+		if err != nil {
+			return err
+		}
+		goRun("config file watcher", cw.run)
 	}
 
 	// Where the rules live.
@@ -150,14 +173,25 @@ func runAgent(ctx context.Context, o *options) error {
 	nm := newNodeWatch(client, nodeName, cfg.ConfigSyncPeriod.Duration)
 	goRun("node informer", nm.run)
 	health := newHealthServer(clock.RealClock{}, 2*syncPeriod, nm.get)
-	if cfg.HealthzBindAddress != "" {
-		goRun("healthz server", func(ctx context.Context) error {
-			return serveHTTP(ctx, logger, "healthz", cfg.HealthzBindAddress, health.handler())
-		})
+	recorder, stopEvents, err := startEvents(ctx, client)
+	if err != nil {
+		return err
 	}
-	goRun("metrics server", func(ctx context.Context) error {
-		return serveHTTP(ctx, logger, "metrics", cfg.MetricsBindAddress, metricsHandler(string(cfg.Mode), cfg.EnableProfiling))
-	})
+	defer stopEvents()
+	// A server that cannot start ends the agent, with upstream's event.
+	serve := func(what, reason, addr string, h http.Handler) func(context.Context) error {
+		return func(ctx context.Context) error {
+			err := serveHTTP(ctx, logger, what, addr, h)
+			if err != nil && ctx.Err() == nil {
+				recorder.Eventf(nodeRef(nodeName), nil, v1.EventTypeWarning, reason, "StartKubeProxy", err.Error())
+			}
+			return err
+		}
+	}
+	if cfg.HealthzBindAddress != "" {
+		goRun("healthz server", serve("healthz", "FailedToStartProxierHealthcheck", cfg.HealthzBindAddress, health.handler()))
+	}
+	goRun("metrics server", serve("metrics", "FailedToStartMetricServer", cfg.MetricsBindAddress, metricsHandler(string(cfg.Mode), cfg.EnableProfiling)))
 	nm.mu.Lock()
 	nm.onIPsChanged = func(old, new []string) {
 		logger.Info("NodeIPs changed for the node", "node", klog.KRef("", nodeName), "newNodeIPs", new, "oldNodeIPs", old)
@@ -165,13 +199,19 @@ func runAgent(ctx context.Context, o *options) error {
 	}
 	nm.mu.Unlock()
 	node := nm.waitForIPs(ctx, logger, 30*time.Second)
+	if ctx.Err() != nil {
+		return stopped()
+	}
 
 	families, hcIPs, err := newSyncers(ctx, cfg, node, do)
 	if err != nil {
 		return err
 	}
-	svcHealth := newServiceHealth(hcIPs, listenIn(do), func() bool { return health.health().Healthy })
-	svcHealth.dualStack = len(families) > 1
+	for i := range families {
+		sh := newServiceHealth(families[i].Family, hcIPs[i], listenIn(do), func() bool { return health.health().Healthy })
+		sh.recorder, sh.nodeName = recorder, nodeName
+		families[i].ServiceHealth = sh
+	}
 
 	tracker := servicemap.NewTracker(servicemap.Config{Logger: logger, Metrics: trackerMetrics{}})
 	smNode := servicemap.Node{Name: nodeName}
@@ -181,7 +221,7 @@ func runAgent(ctx context.Context, o *options) error {
 	px := newProxier(proxierConfig{
 		Tracker: tracker, Families: families, Do: do,
 		Clock: clock.RealClock{}, MinSyncPeriod: minSyncPeriod, SyncPeriod: syncPeriod,
-		Node: smNode, Health: health, ServiceHealth: svcHealth,
+		Node: smNode, Health: health,
 	})
 	nm.mu.Lock()
 	nm.onChange = px.OnNodeChange
@@ -195,11 +235,23 @@ func runAgent(ctx context.Context, o *options) error {
 	}
 
 	goRun("service watcher", watcher.Run)
+	if cfg.Mode != modeIPTables {
+		// Upstream's iptables proxier ignores ServiceCIDRs; nftables drops
+		// traffic to their unallocated addresses.
+		cidrs := newServiceCIDRWatch(client, cfg.ConfigSyncPeriod.Duration, func(c []netip.Prefix) {
+			px.OnServiceCIDRsChanged(logger, c)
+		})
+		goRun("serviceCIDR watcher", cidrs.run)
+	}
 	goRun("sync loop", func(ctx context.Context) error {
 		err := px.Run(ctx)
-		svcHealth.Close() // no sync can reopen them now
+		for _, f := range families {
+			f.ServiceHealth.Close() // no sync can reopen them now
+		}
 		return err
 	})
+	// Upstream's birth cry, once the watches are started.
+	recorder.Eventf(nodeRef(nodeName), nil, v1.EventTypeNormal, "Starting", "StartKubeProxy", "")
 	go func() {
 		select {
 		case <-watcher.Synced():
@@ -211,8 +263,7 @@ func runAgent(ctx context.Context, o *options) error {
 
 	select {
 	case <-ctx.Done():
-		logger.Info("Shutting down; the rules stay in the kernel")
-		return nil
+		return stopped()
 	case err := <-errCh:
 		return err
 	}
@@ -241,16 +292,16 @@ func newClient(o *options) (kubernetes.Interface, error) {
 // usable. The primary family comes from a specific bindAddress, else the Node's
 // first address, else IPv4. A secondary family the kernel (or ip6tables) lacks
 // is skipped with upstream's log line; a missing primary family is an error. It
-// also returns the node addresses health check ports answer on; nil means every
-// address.
-func newSyncers(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node, do func(func() error) error) ([]familySyncer, []netip.Addr, error) {
+// also returns, for each writer, the node addresses of its family that health
+// check ports answer on (its NodePort addresses); nil means every address of the
+// family.
+func newSyncers(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node *v1.Node, do func(func() error) error) ([]familySyncer, [][]netip.Addr, error) {
 	logger := klog.FromContext(ctx)
 	primary := primaryFamily(cfg, node)
 	families := []v1.IPFamily{primary, otherFamily(primary)}
 	var (
 		out      []familySyncer
-		hcAddrs  []netip.Addr
-		hcAll    bool
+		hcAddrs  [][]netip.Addr
 		failures = map[v1.IPFamily]error{}
 	)
 	err := do(func() error {
@@ -271,10 +322,7 @@ func newSyncers(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node 
 				continue
 			}
 			out = append(out, familySyncer{Family: f, Syncer: w, Conntrack: rules.NewConntrackCleaner(nil)})
-			if addrs == nil {
-				hcAll = true
-			}
-			hcAddrs = append(hcAddrs, addrs...)
+			hcAddrs = append(hcAddrs, addrs)
 		}
 		return nil
 	})
@@ -288,9 +336,6 @@ func newSyncers(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, node 
 		logger.Info("kube-proxy running in dual-stack mode", "primary ipFamily", primary)
 	} else {
 		logger.Info("kube-proxy running in single-stack mode", "ipFamily", primary)
-	}
-	if hcAll {
-		hcAddrs = nil
 	}
 	return out, hcAddrs, nil
 }
@@ -306,8 +351,16 @@ func newFamilySyncer(ctx context.Context, cfg *v1alpha1.KubeProxyConfiguration, 
 	nodeIP := nodeIPFor(cfg, node, f)
 	metrics := rulesMetrics{family: string(f)}
 	if cfg.Mode == modeIPTables {
+		localhost := localhostNodePorts(cfg, node, f)
+		if localhost {
+			klog.FromContext(ctx).Info("Setting route_localnet=1 to allow node-ports on localhost; to change this either disable iptables.localhostNodePorts (--iptables-localhost-nodeports) or set nodePortAddresses (--nodeport-addresses) to filter loopback addresses", "ipFamily", f)
+			if err := ensureSysctl(klog.FromContext(ctx), sysctlRouteLocalnet, 1); err != nil {
+				return nil, nil, err
+			}
+		}
 		w, err := rules.NewIPTables(ctx, rules.IPTablesConfig{Family: rulesFamily(f),
 			MasqueradeMark: mark, ClusterCIDR: cidr, MasqueradeAll: all, NodeIP: nodeIP, Metrics: metrics,
+			LocalhostNodePorts: localhost,
 		})
 		return w, nil, err
 	}

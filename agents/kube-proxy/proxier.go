@@ -31,6 +31,9 @@ type familySyncer struct {
 	Syncer rules.Syncer
 	// Conntrack cleans the family's stale UDP flows; nil skips it.
 	Conntrack staleCleaner
+	// ServiceHealth serves the family's healthCheckNodePorts, as each of
+	// upstream's proxiers has its own; nil: none.
+	ServiceHealth *serviceHealth
 }
 
 // staleCleaner is the part of rules.ConntrackCleaner the loop needs.
@@ -61,8 +64,6 @@ type proxierConfig struct {
 	FullSyncPeriod time.Duration
 	Node           servicemap.Node
 	Health         *healthServer
-	// ServiceHealth serves the healthCheckNodePorts; nil: none.
-	ServiceHealth *serviceHealth
 }
 
 // proxier is the sync loop: upstream's BoundedFrequencyRunner around a sync that
@@ -285,6 +286,10 @@ type familySync struct {
 	st                               *rules.State
 	ch                               *rules.Changes
 	noLocalInternal, noLocalExternal int
+	// hcPorts and hcLocal are the family's health check ports and local ready
+	// endpoint counts.
+	hcPorts map[types.NamespacedName]uint16
+	hcLocal map[types.NamespacedName]int
 }
 
 // syncOnce is one sync: consume the tracker's changes, convert them for every
@@ -305,8 +310,6 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 	topology := p.topologyChanged
 	p.topologyChanged = false
 	syncs := make([]familySync, 0, len(p.families))
-	hcPorts := map[types.NamespacedName]uint16{}
-	hcLocal := map[types.NamespacedName]int{}
 	for _, f := range p.families {
 		if topology {
 			f.conv.node = p.node
@@ -326,14 +329,7 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 			fs.st, skips = f.conv.state()
 		}
 		fs.noLocalInternal, fs.noLocalExternal = f.conv.noLocal()
-		ports, local := f.conv.healthChecks()
-		// One health check server answers for every family: a Service's port
-		// with the larger family's local endpoint count (a dual-stack pod
-		// counts once in each).
-		for nn, port := range ports {
-			hcPorts[nn] = port
-			hcLocal[nn] = max(hcLocal[nn], local[nn])
-		}
+		fs.hcPorts, fs.hcLocal = f.conv.healthChecks()
 		p.reportSkips(logger, f, skips)
 		syncs = append(syncs, fs)
 	}
@@ -358,10 +354,6 @@ func (p *proxier) syncOnce(ctx context.Context) error {
 	p.mu.Unlock()
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", errSyncFailed, errors.Join(errs...))
-	}
-
-	if p.cfg.ServiceHealth != nil {
-		p.cfg.ServiceHealth.sync(logger, hcPorts, hcLocal)
 	}
 	return nil
 }
@@ -422,6 +414,9 @@ func (p *proxier) syncFamily(ctx context.Context, logger klog.Logger, fs *family
 		p.cfg.Health.Updated(f.Family)
 	}
 	syncProxyRulesLastTimestamp.WithLabelValues(f.label).SetToCurrentTime()
+	if f.ServiceHealth != nil {
+		f.ServiceHealth.sync(logger, fs.hcPorts, fs.hcLocal)
+	}
 
 	if f.Conntrack != nil && (fs.full || touchesUDP(upd)) {
 		cstart := clk.Now()

@@ -11,23 +11,32 @@ import (
 	"sync"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 )
 
-// serviceHealth runs one HTTP server per Service with a healthCheckNodePort
-// (type LoadBalancer, externalTrafficPolicy Local), as upstream's
-// pkg/proxy/healthcheck/service_health.go: load balancers ask it whether this
-// node has a ready local endpoint. 200 when it has one and the proxy is healthy,
-// 503 otherwise, with upstream's JSON body and X-Load-Balancing-Endpoint-Weight.
+// serviceHealth is one IP family's health check servers, as upstream's
+// pkg/proxy/healthcheck/service_health.go, of which each per-family proxier has
+// one: an HTTP server per Service with a healthCheckNodePort (type LoadBalancer,
+// externalTrafficPolicy Local) in that family, listening on the family's
+// NodePort addresses (tcp4 on 0.0.0.0, or tcp6 on [::], when every address takes
+// NodePorts). Load balancers ask it whether this node has a ready local endpoint
+// of the family: 200 when it has one and the proxy is healthy, 503 otherwise,
+// with upstream's JSON body and X-Load-Balancing-Endpoint-Weight.
 type serviceHealth struct {
-	// nodeIPs are the addresses to listen on; empty means 0.0.0.0, or [::] (both
-	// families) when dualStack.
-	nodeIPs   []netip.Addr
-	dualStack bool
+	family v1.IPFamily
+	// nodeIPs are the addresses to listen on; empty means the family's
+	// unspecified address.
+	nodeIPs []netip.Addr
 	// listen opens a listener where the node's network lives.
-	listen  func(addr string) (net.Listener, error)
+	listen  func(network, addr string) (net.Listener, error)
 	healthy func() bool
+	// recorder, when set, gets upstream's FailedToStartServiceHealthcheck
+	// event, naming nodeName.
+	recorder events.EventRecorder
+	nodeName string
 
 	mu       sync.RWMutex
 	services map[types.NamespacedName]*hcInstance
@@ -39,11 +48,13 @@ type hcInstance struct {
 	endpoints int
 }
 
-func newServiceHealth(nodeIPs []netip.Addr, listen func(string) (net.Listener, error), healthy func() bool) *serviceHealth {
+// newServiceHealth makes family's servers. A nil listen listens in the
+// process's own network namespace.
+func newServiceHealth(family v1.IPFamily, nodeIPs []netip.Addr, listen func(network, addr string) (net.Listener, error), healthy func() bool) *serviceHealth {
 	if listen == nil {
-		listen = func(addr string) (net.Listener, error) { return net.Listen("tcp4", addr) }
+		listen = net.Listen
 	}
-	return &serviceHealth{nodeIPs: nodeIPs, listen: listen, healthy: healthy, services: map[types.NamespacedName]*hcInstance{}}
+	return &serviceHealth{family: family, nodeIPs: nodeIPs, listen: listen, healthy: healthy, services: map[types.NamespacedName]*hcInstance{}}
 }
 
 // sync opens servers for new ports, closes those of services gone or moved,
@@ -65,7 +76,12 @@ func (s *serviceHealth) sync(logger klog.Logger, ports map[types.NamespacedName]
 		logger.V(2).Info("Opening healthcheck", "service", nn, "port", port)
 		inst, err := s.open(logger, nn, port)
 		if err != nil {
-			logger.Error(err, "Failed to start healthcheck", "service", nn, "port", port)
+			if s.recorder != nil {
+				s.recorder.Eventf(&v1.ObjectReference{APIVersion: "v1", Kind: "Service", Namespace: nn.Namespace, Name: nn.Name}, nil,
+					v1.EventTypeWarning, "FailedToStartServiceHealthcheck", "Listen",
+					"node %s failed to start healthcheck %q on port %d: %v", s.nodeName, nn.String(), port, err)
+			}
+			logger.Error(err, "Failed to start healthcheck", "node", s.nodeName, "service", nn, "port", port)
 			continue
 		}
 		s.services[nn] = inst
@@ -76,16 +92,17 @@ func (s *serviceHealth) sync(logger klog.Logger, ports map[types.NamespacedName]
 }
 
 func (s *serviceHealth) open(logger klog.Logger, nn types.NamespacedName, port uint16) (*hcInstance, error) {
-	ips := s.nodeIPs
-	if len(ips) == 0 {
-		ips = []netip.Addr{netip.IPv4Unspecified()}
-		if s.dualStack {
-			ips = []netip.Addr{netip.IPv6Unspecified()}
-		}
+	// tcp6 sets IPV6_V6ONLY, so the two families' servers share a port number.
+	network, ips := "tcp4", []netip.Addr{netip.IPv4Unspecified()}
+	if s.family == v1.IPv6Protocol {
+		network, ips = "tcp6", []netip.Addr{netip.IPv6Unspecified()}
+	}
+	if len(s.nodeIPs) > 0 {
+		ips = s.nodeIPs
 	}
 	inst := &hcInstance{port: port}
 	for _, ip := range ips {
-		ln, err := s.listen(netip.AddrPortFrom(ip, port).String())
+		ln, err := s.listen(network, netip.AddrPortFrom(ip, port).String())
 		if err != nil {
 			inst.close()
 			return nil, err
@@ -146,13 +163,12 @@ func (s *serviceHealth) handler(nn types.NamespacedName) http.Handler {
 
 // listenIn returns a listen function that opens sockets through do (on the
 // node namespace's thread), so the servers answer on the node's addresses.
-func listenIn(do func(func() error) error) func(string) (net.Listener, error) {
-	return func(addr string) (net.Listener, error) {
+func listenIn(do func(func() error) error) func(network, addr string) (net.Listener, error) {
+	return func(network, addr string) (net.Listener, error) {
 		var ln net.Listener
 		err := do(func() error {
 			var err error
-			// "tcp": an IPv4 address binds IPv4, [::] both families.
-			ln, err = (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
+			ln, err = (&net.ListenConfig{}).Listen(context.Background(), network, addr)
 			return err
 		})
 		return ln, err
