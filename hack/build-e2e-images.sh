@@ -214,6 +214,13 @@ for tag in 2.66.1 2.55; do
   echo 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh' >>"$r/etc/passwd"
   printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >>"$r/etc/group"
   mkdir -p "$r/home/user-defined-in-image" && chown 1000:1000 "$r/home/user-defined-in-image"
+  # Upstream's agnhost (and so kitten and nautilus) is built on Alpine, whose
+  # /etc/os-release the ImageVolume spec reads through an image volume, looking for
+  # "Alpine Linux". This one says what the image is, and what it stands in for.
+  rm -f "$r/etc/os-release"
+  printf '%s\n' 'NAME="nodekit agnhost stand-in"' 'ID=nodekit-agnhost-stand-in' \
+    'PRETTY_NAME="nodekit stand-in for an agnhost image upstream builds on Alpine Linux"' \
+    'HOME_URL="https://github.com/nodekit-dev/nodekit/blob/main/docs/conformance.md"' >"$r/etc/os-release"
   # The stand-in gets a file of its own so its image (and image ID) differs from 2.66.1's,
   # as the tests that switch a pod between the two expect.
   echo "nodekit stand-in for agnhost $tag: agnhost $(cat "$k8s_src/test/images/agnhost/VERSION")" >"$r/NODEKIT_IMAGE"
