@@ -82,8 +82,9 @@
 //
 // Tracker methods are safe for concurrent use. Snapshot and everything it returns
 // are immutable and must not be modified. Watcher.Run blocks until its context ends,
-// then stops its informers and waits for them; Synced is closed once the initial
-// lists reached the Handler.
+// then stops its reflectors and waits for them; Synced is closed once the initial
+// lists reached the Handler. The Watcher keeps no copy of the objects (see
+// Watcher): the Handler's own form is the only one.
 //
 // # Requirements
 //

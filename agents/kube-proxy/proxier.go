@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,7 +64,10 @@ type proxierConfig struct {
 	// the next sync is full. Zero means an hour, as upstream.
 	FullSyncPeriod time.Duration
 	Node           servicemap.Node
-	Health         *healthServer
+	// FullSyncGCPercent, when > 0, is the GC target (debug.SetGCPercent) while a
+	// full sync runs; the previous target is restored after it. 0 leaves it alone.
+	FullSyncGCPercent int
+	Health            *healthServer
 }
 
 // proxier is the sync loop: upstream's BoundedFrequencyRunner around a sync that
@@ -367,6 +371,9 @@ func (p *proxier) syncFamily(ctx context.Context, logger klog.Logger, fs *family
 	start := clk.Now()
 	if fs.full {
 		f.Syncer.ForceFullSync()
+		if p.cfg.FullSyncGCPercent > 0 {
+			defer debug.SetGCPercent(debug.SetGCPercent(p.cfg.FullSyncGCPercent))
+		}
 	}
 	logger.V(2).Info("Syncing rules", "ipFamily", f.Family, "fullSync", fs.full, "servicePorts", len(f.conv.ports), "changed", len(upd.Changed))
 	var err error
