@@ -11,8 +11,8 @@
 #            --parallel=N (run the specs not marked [Serial] in N Ginkgo processes, through
 #            the ginkgo CLI built once from the module proxy, then the [Serial] ones alone)
 #
-# Steps: builds e2e.test and agnhost (hack/build-e2e.sh) and the test images
-# (hack/build-e2e-images.sh), brings up `nodekit up --nodes 2 --detach` (through hack/up.sh,
+# Steps: builds e2e.test and agnhost (hack/build-e2e.sh), the test images
+# (hack/build-e2e-images.sh) and containerd 2.x (hack/build-containerd.sh), brings up `nodekit up --nodes 2 --detach` (through hack/up.sh,
 # which builds nodekit, its kubelet and kube-proxy, the peers and the base images) in its
 # own state dir, loads the test images into every node, runs e2e.test with the selection
 # (only [Conformance] specs; hack/conformance/skip.txt's entries never run), writes the
@@ -86,6 +86,10 @@ case $parallel in '' | *[!0-9]* | 0) log "--parallel wants a count of processes,
 e2e_test=$("$root/hack/build-e2e.sh")
 images=$("$root/hack/build-e2e-images.sh")
 peers=$("$root/hack/build-peers.sh")
+# The nodes run containerd 2.x (hack/build-containerd.sh, from the module proxy): image
+# volumes need CRI image mounts, which Debian's containerd 1.6 lacks. NODEKIT_CONTAINERD_DIR
+# picks other binaries.
+export NODEKIT_CONTAINERD_DIR=${NODEKIT_CONTAINERD_DIR:-$("$root/hack/build-containerd.sh")}
 built=$(date +%s)
 
 # A cluster left in $out by --keep or a crashed run holds live mounts (containerd's
@@ -186,7 +190,7 @@ if [ "$doc" = 1 ]; then
     echo "### ${mode^} selection, $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
     echo "- e2e.test $("$e2e_test" --version 2>/dev/null | head -1 || echo v1.37.2) (hack/build-e2e.sh), peers $("$peers/kube-apiserver" --version), nodekit $tested"
-    echo "- cluster: \`nodekit up --nodes 2\` (nodekit's kubelet and kube-proxy, containerd $(containerd --version | awk '{print $3}'), runc, CoreDNS)"
+    echo "- cluster: \`nodekit up --nodes 2\` (nodekit's kubelet and kube-proxy, containerd $("$NODEKIT_CONTAINERD_DIR/containerd" --version | awk '{print $3}'), runc, CoreDNS)"
     echo "- command: \`sudo ./hack/conformance.sh $*\`, that is \`e2e.test --provider=skeleton --ginkgo.focus='(?:<hack/conformance/$([ "$mode" = smoke ] && echo smoke || echo focus).txt>).*\\[Conformance\\]' --ginkgo.skip='<hack/conformance/skip.txt>'\`"
     [ "$parallel" != 1 ] && echo "- parallel: \`ginkgo --nodes=$parallel\` for the specs not marked [Serial], then the [Serial] ones in one process"
     echo "- wall time: e2e.test $((finished - up)) s; cluster up $((up - built)) s; builds $((built - start)) s"
