@@ -153,7 +153,7 @@ func waitRuntimeQuiet(t *testing.T, n *testNode, timeout time.Duration) {
 
 // startDirectNode is a containerd with no kubelet beside it: pods started straight through
 // CRI there are never seen as orphans and removed by a kubelet's relist midway.
-func startDirectNode(t *testing.T, extCIDR string) *testNode {
+func startDirectNode(t testing.TB, extCIDR string) *testNode {
 	t.Helper()
 	n := &testNode{name: "direct", dir: t.TempDir()}
 	require.NoError(t, os.MkdirAll(filepath.Join(n.dir, "direct-logs"), 0o755))
@@ -294,6 +294,9 @@ func TestPodStartBench(t *testing.T) {
 		lat[side][pods] = append(lat[side][pods], d...)
 	}
 	sides := []string{"containerd", "nodekit", "upstream"}
+	// startCPU is each kubelet's CPU time from the first create to the last Ready,
+	// summed over the recorded rounds, by "side/pods".
+	startCPU := map[string]time.Duration{}
 	// runSide starts pods on one side; round -1 is a warm-up, not recorded.
 	runSide := func(side string, pods, round int) {
 		keep := func(d ...time.Duration) {
@@ -314,8 +317,12 @@ func TestPodStartBench(t *testing.T) {
 			batch[i] = busyboxPod(fmt.Sprintf("start-%s-%d-%d-%d", side, pods, round, i), image, corev1.RestartPolicyAlways, "sleep 3600")
 			batch[i].Spec.NodeName = n.name
 		}
+		cpuBefore := sampleProc(t, n.kubelet.Cmd.Process.Pid).cpu
 		uids, starts := createPods(t, cp, batch)
 		ready := watch.wait(t, uids, 5*time.Minute)
+		if round >= 0 {
+			startCPU[side+"/"+strconv.Itoa(pods)] += sampleProc(t, n.kubelet.Cmd.Process.Pid).cpu - cpuBefore
+		}
 		for i := range uids {
 			keep(ready[i].Sub(starts[i]))
 		}
@@ -372,6 +379,11 @@ func TestPodStartBench(t *testing.T) {
 			t.Logf("  %-10s p50 / containerd p50 = %.2f; p99 / containerd p99 = %.2f", s,
 				float64(percentile(lat[s][pods], 0.5))/float64(floor),
 				float64(percentile(lat[s][pods], 0.99))/float64(percentile(lat["containerd"][pods], 0.99)))
+		}
+		for _, s := range sides[1:] {
+			n := len(lat[s][pods])
+			t.Logf("  %-10s kubelet CPU while starting: %.1f ms per pod (%s over %d pods)", s,
+				float64(startCPU[s+"/"+strconv.Itoa(pods)].Microseconds())/1000/float64(n), startCPU[s+"/"+strconv.Itoa(pods)], n)
 		}
 		lo, hi := ratioCI(lat["nodekit"][pods], lat["upstream"][pods], 0.5)
 		t.Logf("  nodekit/upstream p50 %.2f (95%% bootstrap interval [%.2f, %.2f])",
