@@ -105,7 +105,11 @@ func startBenchNode(t testing.TB, cp *controlplane.ControlPlane, egress *addrEgr
 	cfg := nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\ncgroupRoot: %s\ncontainerLogMaxSize: 200Mi\nauthentication:\n  x509:\n    clientCAFile: %s\n",
 		filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"), n.cgroupRoot, cp.CAFile())
 	if upstream {
-		cfg += "failSwapOn: false\nfailCgroupV1: false\ncgroupDriver: cgroupfs\nevictionHard:\n  memory.available: 1Mi\n  nodefs.available: 1%\n  imagefs.available: 1%\n"
+		// Image garbage collection off: this machine's disk is over the kubelet's
+		// default 85% high threshold, and containerd 1.6 does not mark the sandbox
+		// image pinned, so the peer removed the pause image between two rounds.
+		cfg += "failSwapOn: false\nfailCgroupV1: false\ncgroupDriver: cgroupfs\nevictionHard:\n  memory.available: 1Mi\n  nodefs.available: 1%\n  imagefs.available: 1%\n" +
+			"imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n"
 	}
 	cfg = withTestEvictionHard(cfg)
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "manifests"), 0o755))

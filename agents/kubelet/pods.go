@@ -642,7 +642,14 @@ func (m *podManager) syncPod(ctx context.Context, e *podEntry) (finished bool, e
 	// From here on the pod runs with what it was allocated (an in-place resize
 	// the node cannot fit yet stays pending).
 	pod = m.handleResize(pod)
-	if err := m.ensurePodCgroup(ctx, pod); err != nil {
+	// One read of the runtime serves the pod cgroup check and the sync, as the
+	// kubelet's pod worker syncs with the pod status it read before; with
+	// termination messages, so that it can also serve the status.
+	view, err := podsync.LoadView(ctx, m.cfg.runtime, pod.UID, podsync.OSFiles{})
+	if err != nil {
+		return false, fmt.Errorf("read runtime state of pod %s: %w", podDesc(pod), err)
+	}
+	if view, err = m.ensurePodCgroup(ctx, pod, view); err != nil {
 		return false, err
 	}
 	if err := m.volumes.Setup(ctx, pod); err != nil {
@@ -652,14 +659,21 @@ func (m *podManager) syncPod(ctx context.Context, e *podEntry) (finished bool, e
 		m.status.write(ctx, pod, e.static, st)
 		return false, err
 	}
-	view, err := podsync.LoadView(ctx, m.cfg.runtime, pod.UID, nil)
-	if err != nil {
-		return false, fmt.Errorf("read runtime state of pod %s: %w", podDesc(pod), err)
-	}
 	m.pullSecrets.refresh(ctx, pod)
 	res := m.syncer.SyncPod(ctx, pod, view)
-	m.resizeProgress(ctx, pod, res)
-	st := m.computeStatus(ctx, pod, false)
+	// A sync that changed nothing in the runtime leaves the view as it was: the
+	// status comes from it, as the kubelet's comes from the pod status it synced
+	// with (a change since is the relist's to report). Otherwise one read after the
+	// sync serves both the resize progress and the status; each read is a list and
+	// a status call per sandbox and container.
+	after := view
+	if len(res.Steps) > 0 || res.Err != nil {
+		if after, err = podsync.LoadView(ctx, m.cfg.runtime, pod.UID, podsync.OSFiles{}); err != nil {
+			after = nil
+		}
+	}
+	m.resizeProgress(pod, after, res)
+	st := m.statusFromView(pod, after, false)
 	m.setStatus(e, st)
 	if !e.started && st.Phase == corev1.PodRunning {
 		e.started = true
@@ -696,6 +710,15 @@ func hasRunning(v *podsync.PodView) bool {
 func (m *podManager) computeStatus(ctx context.Context, pod *corev1.Pod, terminal bool) *corev1.PodStatus {
 	view, err := podsync.LoadView(ctx, m.cfg.runtime, pod.UID, podsync.OSFiles{})
 	if err != nil {
+		view = nil
+	}
+	return m.statusFromView(pod, view, terminal)
+}
+
+// statusFromView is computeStatus on a view already read (with podsync.OSFiles, for
+// termination messages); nil means the runtime could not be read.
+func (m *podManager) statusFromView(pod *corev1.Pod, view *podsync.PodView, terminal bool) *corev1.PodStatus {
+	if view == nil {
 		view = &podsync.PodView{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}
 	}
 	if terminal {
@@ -857,25 +880,29 @@ func (m *podManager) relist(ctx context.Context) {
 // whose containers already run without one (started before the QoS hierarchy
 // existed) is killed first so that it restarts inside it, and a killed
 // restartPolicy Never pod gets no cgroup (it will not run again).
-func (m *podManager) ensurePodCgroup(ctx context.Context, pod *corev1.Pod) error {
+//
+// view is the runtime's state of the pod; the state after a kill is returned.
+func (m *podManager) ensurePodCgroup(ctx context.Context, pod *corev1.Pod, view *podsync.PodView) (*podsync.PodView, error) {
 	if !m.cgroups.perQOS || m.cgroups.exists(m.cgroups.podName(pod)) {
-		return nil
-	}
-	view, err := podsync.LoadView(ctx, m.cfg.runtime, pod.UID, nil)
-	if err != nil {
-		return fmt.Errorf("read runtime state of pod %s: %w", podDesc(pod), err)
+		return view, nil
 	}
 	if anyContainerRunning(view) {
 		klog.InfoS("Pod runs outside its pod cgroup; killing it to restart it inside", "pod", klog.KObj(pod), "cgroup", m.cgroups.podName(pod))
-		if res := m.syncer.KillPod(ctx, pod, view, nil); res.Error() == nil && pod.Spec.RestartPolicy == corev1.RestartPolicyNever {
-			return nil
+		res := m.syncer.KillPod(ctx, pod, view, nil)
+		killed, err := podsync.LoadView(ctx, m.cfg.runtime, pod.UID, podsync.OSFiles{})
+		if err != nil {
+			return nil, fmt.Errorf("read runtime state of pod %s: %w", podDesc(pod), err)
+		}
+		view = killed
+		if res.Error() == nil && pod.Spec.RestartPolicy == corev1.RestartPolicyNever {
+			return view, nil
 		}
 	}
 	if err := m.cgroups.ensurePod(pod, m.activePods()); err != nil {
 		m.events.Eventf(pod, corev1.EventTypeWarning, "FailedCreatePodContainer", "unable to ensure pod container exists: %v", err)
-		return fmt.Errorf("failed to ensure that the pod: %v cgroups exist and are correctly applied: %w", pod.UID, err)
+		return nil, fmt.Errorf("failed to ensure that the pod: %v cgroups exist and are correctly applied: %w", pod.UID, err)
 	}
-	return nil
+	return view, nil
 }
 
 func anyContainerRunning(v *podsync.PodView) bool {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -264,10 +263,10 @@ func (m *podManager) retryPendingResizes() {
 // resizeProgress updates PodResizeInProgress after a sync, as SyncPod does:
 // kept while a running container has not reached its allocation, cleared with
 // ResizeCompleted once all have, and set with reason Error when the resize
-// step failed.
-func (m *podManager) resizeProgress(ctx context.Context, allocated *corev1.Pod, res *podsync.SyncResult) {
-	view, err := podsync.LoadView(ctx, m.cfg.runtime, allocated.UID, nil)
-	if err == nil {
+// step failed. view is the runtime's state after the sync (nil when it could not
+// be read: the progress is left as it was).
+func (m *podManager) resizeProgress(allocated *corev1.Pod, view *podsync.PodView, res *podsync.SyncResult) {
+	if view != nil {
 		if m.syncer.ResizeInProgress(allocated, view) {
 			m.alloc.setInProgress(allocated.UID, "", "", allocated.Generation)
 		} else if gen, cleared := m.alloc.clearInProgress(allocated.UID); cleared {
