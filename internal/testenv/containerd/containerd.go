@@ -393,6 +393,9 @@ func (c *Containerd) writeConfig() error {
 	b.WriteString("[plugins]\n")
 	// The opt plugin would otherwise write to /opt/containerd.
 	fmt.Fprintf(&b, "  [plugins.\"io.containerd.internal.v1.opt\"]\n    path = %s\n", q(filepath.Join(c.dir, "opt")))
+	// containerd 2.x serves NRI on one machine-wide socket by default; tests run
+	// several containerds at once, and none uses NRI (1.6 ignores the table).
+	b.WriteString("  [plugins.\"io.containerd.nri.v1.nri\"]\n    disable = true\n")
 	cri := `  [plugins."io.containerd.grpc.v1.cri"]`
 	fmt.Fprintf(&b, "%s\n    sandbox_image = %s\n", cri, q(c.images.pause))
 	b.WriteString("    stream_server_address = \"127.0.0.1\"\n    stream_server_port = \"0\"\n")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -293,4 +294,29 @@ func runtimeVersion(t *testing.T, c *containerd.Containerd) string {
 	v, err := runtimeapi.NewRuntimeServiceClient(c.Conn(t)).Version(ctx, &runtimeapi.VersionRequest{})
 	require.NoError(t, err)
 	return v.GetRuntimeVersion()
+}
+
+// Two containerd 2.x side by side, as nodekit up's nodes and parallel tests run them:
+// each serves CRI and runs a container, and neither takes the machine-wide NRI socket.
+func TestV2SideBySide(t *testing.T) {
+	testenv.RequireLong(t)
+	dir := containerd.V2Dir(t)
+	nriBefore, errBefore := os.Stat("/var/run/nri/nri.sock")
+	var cs []*containerd.Containerd
+	for range 2 {
+		cs = append(cs, containerd.Start(t, containerd.Options{BinDir: dir}))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i, c := range cs {
+		out, err := imageMountContainer(ctx, t, c, fmt.Sprintf("side-%d", i), "")
+		require.NoError(t, err, "containerd %d", i)
+		assert.Contains(t, strings.Fields(out), "bin", "containerd %d ran a container", i)
+	}
+	nriAfter, errAfter := os.Stat("/var/run/nri/nri.sock")
+	if errBefore != nil {
+		assert.True(t, os.IsNotExist(errAfter), "a test containerd made /var/run/nri/nri.sock: NRI must be off")
+	} else if errAfter == nil {
+		assert.Equal(t, nriBefore.ModTime(), nriAfter.ModTime(), "a test containerd replaced /var/run/nri/nri.sock: NRI must be off")
+	}
 }

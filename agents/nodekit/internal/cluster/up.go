@@ -905,6 +905,9 @@ func (c *Cluster) startRuntime(ctx context.Context, n *Node) error {
 	q := strconv.Quote
 	sock := strings.TrimPrefix(n.Runtime, "unix://")
 	cri := `[plugins."io.containerd.grpc.v1.cri"`
+	// NRI is off: containerd 2.x turns it on with one socket for the whole machine
+	// (/var/run/nri/nri.sock), which every node's containerd would fight over, and
+	// nothing here uses it. containerd 1.6 has no such plugin and ignores the table.
 	// containerd looks for the shim on $PATH first: a containerd of its own gets
 	// its own shim by path. containerd 2.x reads this version 2 layout too,
 	// migrating it in memory (it logs one warning).
@@ -922,6 +925,8 @@ state = %s
 [plugins]
   [plugins."io.containerd.internal.v1.opt"]
     path = %s
+  [plugins."io.containerd.nri.v1.nri"]
+    disable = true
   %s]
     sandbox_image = %s
     stream_server_address = %s
