@@ -100,12 +100,17 @@ func (c *Cluster) agentServer() string {
 // serves only the OCI tars it was given), and the nodes share the machine's disk, whose
 // fill level says nothing about the cluster. memory.available keeps the kubelet's
 // default; it is written out because a partial evictionHard map replaces the defaults.
+//
+// Each node keeps its pods' logs in its own folder, not the default /var/log/pods: a
+// kubelet owns its podLogsDir, and its garbage collector removes the folders of pods
+// that are not its own, which on a shared folder are the other nodes' pods.
 func (c *Cluster) kubeletConfig(n *Node) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: %q
 cgroupDriver: cgroupfs
 cgroupRoot: %q
+podLogsDir: %q
 clusterDomain: cluster.local
 clusterDNS:
 - %s
@@ -124,7 +129,7 @@ evictionHard:
   nodefs.available: "0%%"
   nodefs.inodesFree: "0%%"
   imagefs.available: "0%%"
-`, n.Runtime, n.CgroupRoot, ClusterDNS, c.path("pki", "ca.crt"))
+`, n.Runtime, n.CgroupRoot, filepath.Join(n.Dir, "pod-logs"), ClusterDNS, c.path("pki", "ca.crt"))
 }
 
 func (c *Cluster) kubeletLaunch(n *Node) launch {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 )
 
 // These tests prove --host-network without running it: the brief forbids touching
@@ -334,6 +335,28 @@ func TestDefaultPlanUnchanged(t *testing.T) {
 		assert.Equal(t, want, diff, "%s: the only differences", d.Name)
 	}
 	assert.Equal(t, p.c.kubeletConfig(&p.c.st.Nodes[0]), strings.ReplaceAll(h.c.kubeletConfig(&h.c.st.Nodes[0]), hcfg.StateDir, cfg.StateDir), "the same KubeletConfiguration")
+}
+
+// Each node's kubelet owns its pod log folder: its garbage collector removes the
+// folders of pods it does not run, so nodes sharing /var/log/pods removed each
+// other's pods' logs (a conformance run saw `kubectl logs` fail on that).
+func TestNodesHaveTheirOwnPodLogsDir(t *testing.T) {
+	cfg := Config{Name: "logs", StateDir: filepath.Join(t.TempDir(), "state"), PeersDir: "/peers",
+		KubeletBinary: "/bin/nk/kubelet", KubeProxyBinary: "/bin/nk/kube-proxy", Nodes: 2}
+	require.NoError(t, cfg.defaults())
+	p := planFor(t, cfg, nil)
+	require.Len(t, p.c.st.Nodes, 2)
+	var dirs []string
+	for i := range p.c.st.Nodes {
+		n := &p.c.st.Nodes[i]
+		var kc struct {
+			PodLogsDir string `json:"podLogsDir"`
+		}
+		require.NoError(t, yaml.Unmarshal([]byte(p.c.kubeletConfig(n)), &kc))
+		assert.Equal(t, filepath.Join(n.Dir, "pod-logs"), kc.PodLogsDir, "node %s", n.Name)
+		dirs = append(dirs, kc.PodLogsDir)
+	}
+	assert.NotEqual(t, dirs[0], dirs[1])
 }
 
 func names(ls []launch) []string {
