@@ -87,15 +87,18 @@ type Options struct {
 }
 
 // V2Dir returns the folder of containerd 2.x binaries hack/build-containerd.sh
-// built, from NODEKIT_CONTAINERD_DIR (the README's test command exports it), for
+// built, from NODEKIT_TEST_CONTAINERD2_DIR (the README's test command exports it) or
+// NODEKIT_CONTAINERD_DIR (what nodekit up reads), for
 // Options.BinDir. Unset ends the test through testenv.Unavailable.
 func V2Dir(tb testing.TB) string {
 	tb.Helper()
-	dir := os.Getenv("NODEKIT_CONTAINERD_DIR")
-	if dir == "" {
-		testenv.Unavailable(tb, "NODEKIT_CONTAINERD_DIR is unset: export NODEKIT_CONTAINERD_DIR=$(hack/build-containerd.sh)")
+	for _, env := range []string{"NODEKIT_TEST_CONTAINERD2_DIR", "NODEKIT_CONTAINERD_DIR"} {
+		if dir := os.Getenv(env); dir != "" {
+			return dir
+		}
 	}
-	return dir
+	testenv.Unavailable(tb, "NODEKIT_TEST_CONTAINERD2_DIR is unset: export NODEKIT_TEST_CONTAINERD2_DIR=$(hack/build-containerd.sh)")
+	return ""
 }
 
 // The registry's fixed test credentials. The htpasswd line is a bcrypt hash (cost 4)
