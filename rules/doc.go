@@ -132,8 +132,11 @@
 //
 // RenderNFTables returns the exact payload a first full sync writes, as nft input;
 // NFTables.DryRun returns what the next Sync would write. Both touch nothing. The text
-// and the netlink batch are made from the same list of commands, so the text is the
-// readable form of what the netlink applier sends.
+// and the netlink batch are made from the same commands, in the same order, so the
+// text is the readable form of what the netlink applier sends. A full sync through
+// netlink does not list them: it encodes each command into the batch as it is
+// planned, and holds one service port's compiled rules at a time, so its peak is the
+// batch and the writer's record, not also a list of every command and rule.
 //
 // # Conntrack
 //

@@ -308,11 +308,31 @@ func (w *NFTables) sync(ctx context.Context, st *State, ch *Changes) error {
 	if ch != nil && full {
 		return fmt.Errorf("%w: nftables table %s %s has no synced state to apply changes to", ErrFullSyncNeeded, w.cfg.Family.nft(), w.cfg.Table)
 	}
-	tx, commit, newStale, err := w.transaction(ctx, st, ch)
+	// A full sync through netlink is encoded into its batch while it is planned
+	// (fullTransaction): the batch is the only whole copy of it.
+	tx := &nftTx{}
+	var enc *nlEncoder
+	nl, isNetlink := w.applier.(*netlinkApplier)
+	if full && isNetlink {
+		enc = nl.newEncoder(0)
+		tx.stream = enc
+	}
+	commit, newStale, err := w.transactionInto(ctx, st, ch, tx)
 	planned := w.cfg.Clock.Since(start)
-	if err == nil && len(tx.ops) > 0 {
-		if rerr := w.applier.apply(ctx, tx); rerr != nil {
-			err = fmt.Errorf("%w: nftables table %s %s (%d operations, %s): %w", ErrApplyFailed, w.cfg.Family.nft(), w.cfg.Table, len(tx.ops), w.cfg.Applier, rerr)
+	if err == nil && tx.n > 0 {
+		var rerr error
+		switch {
+		case tx.err != nil:
+			rerr = tx.err
+		case enc != nil:
+			b, keys := enc.finish()
+			enc, tx.stream = nil, nil
+			rerr = nl.send(ctx, b, keys, w.replayedOpNames(ctx, st))
+		default:
+			rerr = w.applier.apply(ctx, tx)
+		}
+		if rerr != nil {
+			err = fmt.Errorf("%w: nftables table %s %s (%d operations, %s): %w", ErrApplyFailed, w.cfg.Family.nft(), w.cfg.Table, tx.n, w.cfg.Applier, rerr)
 		}
 	}
 	took := w.cfg.Clock.Since(start)
@@ -331,8 +351,29 @@ func (w *NFTables) sync(ctx context.Context, st *State, ch *Changes) error {
 	w.cidrsChanged = false
 	w.stale = newStale
 	w.baseRecreated = true
-	log.V(4).Info("nftables sync done", "family", w.cfg.Family, "table", w.cfg.Table, "full", full, "operations", len(tx.ops), "planned", planned, "took", took)
+	log.V(4).Info("nftables sync done", "family", w.cfg.Family, "table", w.cfg.Table, "full", full, "operations", tx.n, "planned", planned, "took", took)
 	return nil
+}
+
+// replayedOpNames names the commands of a full sync of st that was streamed, for
+// the kernel's errors: only then is the sync planned again, as a list, and only
+// once. It must run before the sync's outcome changes the writer.
+func (w *NFTables) replayedOpNames(ctx context.Context, st *State) func(int) string {
+	var ops []nftOp
+	replayed := false
+	return func(i int) string {
+		if !replayed {
+			replayed = true
+			tx := &nftTx{}
+			if _, _, err := w.fullTransaction(ctx, st, tx); err == nil {
+				ops = tx.ops
+			}
+		}
+		if i >= 0 && i < len(ops) {
+			return describeOp(ops[i])
+		}
+		return fmt.Sprintf("command %d", i)
+	}
 }
 
 // SetServiceCIDRs replaces the service CIDRs whose unallocated addresses are
@@ -418,22 +459,6 @@ func elementData(e *knftables.Element) string {
 		return strings.Join(e.Value, " . ")
 	}
 	return strings.Join(e.Value, " . ") + "\x00" + *e.Comment
-}
-
-// newPlan makes an empty plan with room for services ports and their elements.
-func newPlan(services []*svcRules) *nftPlan {
-	p := &nftPlan{services: make(map[svcID]*svcRecord, len(services)), elements: map[string]map[string]elemRecord{},
-		dests: make(map[svcDest]svcID, len(services))}
-	size := map[string]int{}
-	for _, r := range services {
-		for _, e := range r.elements {
-			size[elementContainer(e)]++
-		}
-	}
-	for _, c := range containers {
-		p.elements[c.name] = make(map[string]elemRecord, size[c.name])
-	}
-	return p
 }
 
 // addElement counts one more user of e and returns its container and key.
@@ -756,32 +781,196 @@ var serviceChainName = regexp.MustCompile(`^(service|external|endpoint|local|fir
 func isServiceChain(name string) bool { return serviceChainName.MatchString(name) }
 
 // transaction builds the transaction that takes the kernel from w.applied (or from
-// whatever is there, on a full sync) to st. It returns the function that records the
-// transaction as applied (nil when st is invalid) and the chains that will be stale
-// after it.
-//
-// A partial sync costs in proportion to what changed: service ports equal to the
-// ones last written are not compiled again, and only the elements of the changed
-// ones are compared.
+// whatever is there, on a full sync) to st, or to w.applied with ch applied. It
+// returns the function that records the transaction as applied (nil when st is
+// invalid) and the chains that will be stale after it.
 func (w *NFTables) transaction(ctx context.Context, st *State, ch *Changes) (*nftTx, func(), map[string]bool, error) {
+	tx := &nftTx{}
+	commit, newStale, err := w.transactionInto(ctx, st, ch, tx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return tx, commit, newStale, nil
+}
+
+// transactionInto is transaction writing its commands into tx, which may stream
+// them (nftTx.stream).
+func (w *NFTables) transactionInto(ctx context.Context, st *State, ch *Changes, tx *nftTx) (func(), map[string]bool, error) {
+	if w.applied == nil {
+		return w.fullTransaction(ctx, st, tx)
+	}
+	return w.partialTransaction(st, ch, tx)
+}
+
+// fullTransaction writes the whole table: the base, every service port's chains
+// and rules, every element, and the clean-up of what a previous writer left.
+//
+// It holds one service port's compiled form at a time, so that a streaming tx
+// never has every port's chains, rule text and element objects alive at once: a
+// first pass compiles each port for its chain names and its record in the plan
+// (which keeps the elements, as keys and data), a second compiles it again for its
+// rules, once the chains and affinity sets they use are in the transaction. The
+// commands are the same, in the same order, as if every port were compiled first.
+func (w *NFTables) fullTransaction(ctx context.Context, st *State, tx *nftTx) (func(), map[string]bool, error) {
+	if err := st.ValidateFamily(w.cfg.Family); err != nil {
+		return nil, nil, err
+	}
+	// The payload's order of ports: by name, then protocol.
+	names := make([]string, len(st.Services))
+	order := make([]int, len(st.Services))
+	for i := range st.Services {
+		names[i] = st.Services[i].PortNameString()
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(names[a], names[b]), cmp.Compare(st.Services[a].Protocol, st.Services[b].Protocol))
+	})
+	names = nil
+
+	plan := &nftPlan{services: make(map[svcID]*svcRecord, len(st.Services)),
+		elements: make(map[string]map[string]elemRecord, len(containers)), dests: make(map[svcDest]svcID, len(st.Services))}
+	for _, c := range containers {
+		plan.elements[c.name] = map[string]elemRecord{}
+	}
+	for _, a := range w.cfg.NodePortAddresses {
+		plan.addElement(&knftables.Element{Set: setNodePortIPs, Key: []string{a.String()}})
+	}
+	var chainNames []string
+	wantChains := map[string]bool{}
+	wantAffinity := map[string]time.Duration{}
+	size := 64
+	for _, i := range order {
+		r := w.compileService(&st.Services[i])
+		plan.services[r.id] = &svcRecord{svc: r.svc}
+		for _, e := range r.elements {
+			plan.addElement(e)
+		}
+		size += len(r.elements)
+		for _, d := range serviceDests(&r.svc) {
+			plan.dests[d] = r.id
+		}
+		for _, c := range r.chains {
+			chainNames = append(chainNames, c.name)
+			wantChains[c.name] = true
+			size += 2 + len(c.rules)
+		}
+		maps.Copy(wantAffinity, r.affinity)
+	}
+	tx.grow(size)
+
+	w.writeBase(tx)
+	// Whatever a previous writer left: chains to flush, affinity sets to delete.
+	existingChains, err := w.applier.list(ctx, "chain")
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: list chains of table %s %s: %w", ErrApplyFailed, w.cfg.Family.nft(), w.cfg.Table, err)
+	}
+	existingSets, err := w.applier.list(ctx, "set")
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: list sets of table %s %s: %w", ErrApplyFailed, w.cfg.Family.nft(), w.cfg.Table, err)
+	}
+	oldAffinity := map[string]bool{}
+	for _, s := range existingSets {
+		if strings.HasPrefix(s, nftAffinityPrefix) {
+			oldAffinity[s] = true
+		}
+	}
+
+	// 1. Every chain, created and emptied first: every chain exists before any
+	// rule jumps to one, and no rule still uses a set that step 3 re-creates.
+	for _, name := range chainNames {
+		tx.add(&knftables.Chain{Name: name})
+		tx.flush(&knftables.Chain{Name: name})
+	}
+	chainNames = nil
+	// 2. Service chains no longer wanted: flushed now, deleted by the next sync.
+	newStale := map[string]bool{}
+	slices.Sort(existingChains)
+	for _, name := range slices.Compact(slices.Clone(existingChains)) {
+		if isServiceChain(name) && !wantChains[name] && !w.stale[name] {
+			tx.flush(&knftables.Chain{Name: name})
+			newStale[name] = true
+		}
+	}
+	// 3. Affinity sets. Adding an existing identical set is a no-op, so a full
+	// sync keeps the affinity entries.
+	for _, name := range slices.Sorted(maps.Keys(wantAffinity)) {
+		timeout := wantAffinity[name]
+		tx.add(&knftables.Set{Name: name, Type: w.cfg.Family.addrType(),
+			Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}, Timeout: &timeout})
+	}
+	// 4. The rules of every chain.
+	for _, i := range order {
+		for _, c := range w.compileService(&st.Services[i]).chains {
+			for _, r := range c.rules {
+				rule, comment := splitComment(r)
+				tx.add(&knftables.Rule{Chain: c.name, Rule: rule, Comment: comment})
+			}
+		}
+	}
+	// Elements: every container flushed and all its elements added, from the
+	// plan's records.
+	for _, c := range containers {
+		if c.name == setNodePortIPs && len(w.cfg.NodePortAddresses) == 0 {
+			continue // the set does not exist in this configuration
+		}
+		if c.isMap {
+			tx.flush(&knftables.Map{Name: c.name})
+		} else {
+			tx.flush(&knftables.Set{Name: c.name})
+		}
+		recs := plan.elements[c.name]
+		for _, k := range slices.Sorted(maps.Keys(recs)) {
+			tx.add(recordElement(c.name, c.isMap, k, recs[k].data))
+		}
+	}
+
+	for _, name := range slices.Sorted(maps.Keys(w.stale)) {
+		if !wantChains[name] && slices.Contains(existingChains, name) {
+			tx.delete(&knftables.Chain{Name: name})
+		}
+	}
+	// Affinity sets no longer wanted: their rules were flushed above.
+	for _, name := range slices.Sorted(maps.Keys(oldAffinity)) {
+		if _, ok := wantAffinity[name]; !ok {
+			tx.delete(&knftables.Set{Name: name})
+		}
+	}
+	return func() { w.applied = plan }, newStale, nil
+}
+
+// recordElement is the element a plan's record describes (elementKey and
+// elementData inverted).
+func recordElement(container string, isMap bool, key, data string) *knftables.Element {
+	e := &knftables.Element{Key: strings.Split(key, " . ")}
+	if isMap {
+		e.Map = container
+	} else {
+		e.Set = container
+	}
+	value, comment, hasComment := strings.Cut(data, "\x00")
+	if value != "" {
+		e.Value = strings.Split(value, " . ")
+	}
+	if hasComment {
+		e.Comment = &comment
+	}
+	return e
+}
+
+// partialTransaction writes what changed since w.applied: it costs in proportion
+// to what changed, as service ports equal to the ones last written are not
+// compiled again, and only the elements of the changed ones are compared.
+func (w *NFTables) partialTransaction(st *State, ch *Changes, tx *nftTx) (func(), map[string]bool, error) {
 	prev := w.applied
-	full := prev == nil
 	var changed, olds []*svcRules
 	var removed []svcID
 	var err error
 	if ch != nil {
 		if changed, olds, removed, err = w.changesOf(ch, prev); err != nil {
-			return nil, nil, nil, err
-		}
-	} else if full {
-		if err := st.ValidateFamily(w.cfg.Family); err != nil {
-			return nil, nil, nil, err
-		}
-		for i := range st.Services {
-			changed = append(changed, w.compileService(&st.Services[i]))
+			return nil, nil, err
 		}
 	} else if changed, olds, removed, err = w.changes(st, prev); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	size := 64
 	for _, r := range changed {
@@ -790,7 +979,7 @@ func (w *NFTables) transaction(ctx context.Context, st *State, ch *Changes) (*nf
 			size += len(c.rules)
 		}
 	}
-	tx := &nftTx{ops: make([]nftOp, 0, size)}
+	tx.grow(size)
 	slices.SortStableFunc(changed, func(a, b *svcRules) int {
 		return cmp.Or(cmp.Compare(a.svc.PortNameString(), b.svc.PortNameString()), cmp.Compare(a.svc.Protocol, b.svc.Protocol))
 	})
@@ -811,31 +1000,9 @@ func (w *NFTables) transaction(ctx context.Context, st *State, ch *Changes) (*nf
 		}
 		maps.Copy(oldAffinity, r.affinity)
 	}
-	var existingChains []string
-	if !full && w.cidrsChanged {
+	if w.cidrsChanged {
 		tx.flush(&knftables.Chain{Name: chainClusterIPsCheck})
 		w.clusterIPsCheckRules(tx)
-	}
-	if full {
-		w.writeBase(tx)
-		// Whatever a previous writer left: chains to flush, affinity sets to delete.
-		var existingSets []string
-		if existingChains, err = w.applier.list(ctx, "chain"); err != nil {
-			return nil, nil, nil, fmt.Errorf("%w: list chains of table %s %s: %w", ErrApplyFailed, w.cfg.Family.nft(), w.cfg.Table, err)
-		}
-		if existingSets, err = w.applier.list(ctx, "set"); err != nil {
-			return nil, nil, nil, fmt.Errorf("%w: list sets of table %s %s: %w", ErrApplyFailed, w.cfg.Family.nft(), w.cfg.Table, err)
-		}
-		for _, c := range existingChains {
-			if isServiceChain(c) {
-				oldChains[c] = &svcChain{name: c}
-			}
-		}
-		for _, s := range existingSets {
-			if strings.HasPrefix(s, nftAffinityPrefix) {
-				oldAffinity[s] = -1
-			}
-		}
 	}
 
 	// 1. Chains that are new or changed, created and emptied first: every chain
@@ -844,7 +1011,7 @@ func (w *NFTables) transaction(ctx context.Context, st *State, ch *Changes) (*nf
 	var changedChains []*svcChain
 	for _, r := range changed {
 		for _, c := range r.chains {
-			if old, ok := oldChains[c.name]; ok && !full && slices.Equal(old.rules, c.rules) && old.sig == c.sig {
+			if old, ok := oldChains[c.name]; ok && slices.Equal(old.rules, c.rules) && old.sig == c.sig {
 				continue
 			}
 			changedChains = append(changedChains, c)
@@ -860,9 +1027,8 @@ func (w *NFTables) transaction(ctx context.Context, st *State, ch *Changes) (*nf
 			newStale[name] = true
 		}
 	}
-	// 3. Affinity sets. Adding an existing identical set is a no-op, so a full sync
-	// keeps the affinity entries; a known change of timeout re-creates the set
-	// (its users were emptied in step 1, as the timeout is part of their signature).
+	// 3. Affinity sets. A known change of timeout re-creates the set (its users
+	// were emptied in step 1, as the timeout is part of their signature).
 	for _, name := range slices.Sorted(maps.Keys(wantAffinity)) {
 		timeout := wantAffinity[name]
 		old, ok := oldAffinity[name]
@@ -883,71 +1049,30 @@ func (w *NFTables) transaction(ctx context.Context, st *State, ch *Changes) (*nf
 		}
 	}
 
-	// Elements: a full sync flushes every container and adds all; a partial one
-	// deletes what went and adds what came or changed, among the elements of the
-	// changed service ports.
-	var commit func()
-	if full {
-		plan := newPlan(changed)
-		// The elements to write, once each: only for this transaction.
-		write := make(map[string]map[string]*knftables.Element, len(containers))
-		for _, c := range containers {
-			write[c.name] = make(map[string]*knftables.Element, len(plan.elements[c.name]))
-		}
-		addElement := func(e *knftables.Element) {
-			c, k := plan.addElement(e)
-			write[c][k] = e
-		}
-		for _, a := range w.cfg.NodePortAddresses {
-			addElement(&knftables.Element{Set: setNodePortIPs, Key: []string{a.String()}})
-		}
-		for _, r := range changed {
-			plan.services[r.id] = &svcRecord{svc: r.svc}
+	// Elements: delete what went and add what came or changed, among the
+	// elements of the changed service ports.
+	w.elementChanges(tx, prev, changed, olds)
+	commit := func() {
+		for _, r := range olds {
 			for _, e := range r.elements {
-				addElement(e)
+				prev.dropElement(e)
 			}
 			for _, d := range serviceDests(&r.svc) {
-				plan.dests[d] = r.id
+				if prev.dests[d] == r.id {
+					delete(prev.dests, d)
+				}
 			}
 		}
-		for _, c := range containers {
-			if c.name == setNodePortIPs && len(w.cfg.NodePortAddresses) == 0 {
-				continue // the set does not exist in this configuration
-			}
-			if c.isMap {
-				tx.flush(&knftables.Map{Name: c.name})
-			} else {
-				tx.flush(&knftables.Set{Name: c.name})
-			}
-			for _, k := range slices.Sorted(maps.Keys(write[c.name])) {
-				tx.add(write[c.name][k])
-			}
+		for _, id := range removed {
+			delete(prev.services, id)
 		}
-		commit = func() { w.applied = plan }
-	} else {
-		w.elementChanges(tx, prev, changed, olds)
-		commit = func() {
-			for _, r := range olds {
-				for _, e := range r.elements {
-					prev.dropElement(e)
-				}
-				for _, d := range serviceDests(&r.svc) {
-					if prev.dests[d] == r.id {
-						delete(prev.dests, d)
-					}
-				}
+		for _, r := range changed {
+			prev.services[r.id] = &svcRecord{svc: r.svc}
+			for _, e := range r.elements {
+				prev.addElement(e)
 			}
-			for _, id := range removed {
-				delete(prev.services, id)
-			}
-			for _, r := range changed {
-				prev.services[r.id] = &svcRecord{svc: r.svc}
-				for _, e := range r.elements {
-					prev.addElement(e)
-				}
-				for _, d := range serviceDests(&r.svc) {
-					prev.dests[d] = r.id
-				}
+			for _, d := range serviceDests(&r.svc) {
+				prev.dests[d] = r.id
 			}
 		}
 	}
@@ -955,9 +1080,6 @@ func (w *NFTables) transaction(ctx context.Context, st *State, ch *Changes) (*nf
 	for _, name := range slices.Sorted(maps.Keys(w.stale)) {
 		if _, ok := wantChains[name]; ok {
 			continue // wanted again: it was re-added and written above
-		}
-		if full && !slices.Contains(existingChains, name) {
-			continue
 		}
 		tx.delete(&knftables.Chain{Name: name})
 	}
@@ -967,7 +1089,7 @@ func (w *NFTables) transaction(ctx context.Context, st *State, ch *Changes) (*nf
 			tx.delete(&knftables.Set{Name: name})
 		}
 	}
-	return tx, commit, newStale, nil
+	return commit, newStale, nil
 }
 
 // changes finds what a partial sync must write: the new compiled form of new or

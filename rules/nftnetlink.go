@@ -350,72 +350,125 @@ var setFlagBits = map[knftables.SetFlag]uint32{
 	knftables.TimeoutFlag:  unix.NFT_SET_TIMEOUT,
 }
 
-// encode turns the transaction into one batch. It also returns the set types the
-// batch creates (nil: deletes), to remember once it applied.
-func (a *netlinkApplier) encode(tx *nftTx) (*nlBatch, map[string]*nftSetType, error) {
-	// About 200 bytes a command: one buffer growth at most.
-	b := &nlBatch{seq: a.seq, first: a.seq, cmds: make([]batchCmd, 0, len(tx.ops)),
-		buf: make([]byte, 0, 200*len(tx.ops)+4096), nfproto: a.family.nfproto()}
-	b.header(unix.NFNL_MSG_BATCH_BEGIN, 0, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)
-	b.end()
-	enc := &exprEncoder{b: b, cache: a.exprs, family: a.family}
-	keys := map[string]*nftSetType{} // learnt in this batch
-	keyType := func(name string) *nftSetType {
-		if t, ok := keys[name]; ok {
-			return t
-		}
-		return a.keys[name]
-	}
-	for i := 0; i < len(tx.ops); i++ {
-		op := tx.ops[i]
-		var err error
-		switch o := op.obj.(type) {
-		case *knftables.Table:
-			err = a.tableCmd(b, i, op.verb, o)
-		case *knftables.Chain:
-			err = a.chain(b, i, op.verb, o)
-		case *knftables.Rule:
-			if op.verb != verbAdd || o.Index != nil || o.Handle != nil {
-				return nil, nil, fmt.Errorf("%w: %s: only appending rules is supported", errUnsupportedRule, describeOp(op))
-			}
-			err = a.rule(b, enc, i, o)
-		case *knftables.Set:
-			err = a.set(b, i, op.verb, o.Name, o.Type, false, o.Flags, o.Timeout, o.Comment, keys)
-		case *knftables.Map:
-			err = a.set(b, i, op.verb, o.Name, o.Type, true, o.Flags, o.Timeout, o.Comment, keys)
-		case *knftables.Element:
-			// Consecutive element commands on the same set share messages.
-			j := i + 1
-			for j < len(tx.ops) && sameElementRun(tx.ops[i], tx.ops[j]) {
-				j++
-			}
-			name := elementContainer(o)
-			t := keyType(name)
-			if t == nil {
-				return nil, nil, fmt.Errorf("%s: type of set %s unknown to the netlink applier", describeOp(op), name)
-			}
-			err = a.elements(b, op.verb, name, t, tx.ops, i, j)
-			i = j - 1
-		default:
-			err = errors.New("unsupported object")
-		}
-		if err == nil {
-			err = b.err
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", describeOp(op), err)
-		}
-	}
-	b.seq++
-	b.header(unix.NFNL_MSG_BATCH_END, 0, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)
-	b.end()
-	return b, keys, nil
+// nlEncoder encodes the commands of one transaction into a batch as they come,
+// so a full sync need not hold its whole transaction besides the batch
+// (nftTx.stream). Consecutive element commands on the same set share messages.
+type nlEncoder struct {
+	a    *netlinkApplier
+	b    *nlBatch
+	enc  *exprEncoder
+	keys map[string]*nftSetType // learnt in this batch; nil: deleted
+	n    int                    // commands so far
+	run  elemRun
+	done bool
 }
 
-func sameElementRun(first, next nftOp) bool {
-	a, ok1 := first.obj.(*knftables.Element)
-	b, ok2 := next.obj.(*knftables.Element)
-	return ok1 && ok2 && first.verb == next.verb && a.Set == b.Set && a.Map == b.Map
+// elemRun is the element message being filled: its verb and set, where its
+// element list starts, and how many elements it has.
+type elemRun struct {
+	open             bool
+	verb             nftVerb
+	name             string
+	t                *nftSetType
+	listStart, inMsg int
+}
+
+// newEncoder starts a batch, sized for about ops commands.
+func (a *netlinkApplier) newEncoder(ops int) *nlEncoder {
+	b := &nlBatch{seq: a.seq, first: a.seq, nfproto: a.family.nfproto()}
+	e := &nlEncoder{a: a, b: b, enc: &exprEncoder{b: b, cache: a.exprs, family: a.family}, keys: map[string]*nftSetType{}}
+	e.grow(ops)
+	b.header(unix.NFNL_MSG_BATCH_BEGIN, 0, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)
+	b.end()
+	return e
+}
+
+// grow makes room for about ops more commands: about 200 bytes a command, so the
+// buffer grows once at most.
+func (e *nlEncoder) grow(ops int) {
+	e.b.buf = slices.Grow(e.b.buf, 200*ops+4096)
+	e.b.cmds = slices.Grow(e.b.cmds, ops)
+}
+
+func (e *nlEncoder) keyType(name string) *nftSetType {
+	if t, ok := e.keys[name]; ok {
+		return t
+	}
+	return e.a.keys[name]
+}
+
+// op encodes one command.
+func (e *nlEncoder) op(op nftOp) error {
+	i := e.n
+	e.n++
+	a, b := e.a, e.b
+	el, isElement := op.obj.(*knftables.Element)
+	if e.run.open && (!isElement || op.verb != e.run.verb || elementContainer(el) != e.run.name) {
+		e.closeRun()
+	}
+	var err error
+	switch o := op.obj.(type) {
+	case *knftables.Table:
+		err = a.tableCmd(b, i, op.verb, o)
+	case *knftables.Chain:
+		err = a.chain(b, i, op.verb, o)
+	case *knftables.Rule:
+		if op.verb != verbAdd || o.Index != nil || o.Handle != nil {
+			return fmt.Errorf("%w: %s: only appending rules is supported", errUnsupportedRule, describeOp(op))
+		}
+		err = a.rule(b, e.enc, i, o)
+	case *knftables.Set:
+		err = a.set(b, i, op.verb, o.Name, o.Type, false, o.Flags, o.Timeout, o.Comment, e.keys)
+	case *knftables.Map:
+		err = a.set(b, i, op.verb, o.Name, o.Type, true, o.Flags, o.Timeout, o.Comment, e.keys)
+	case *knftables.Element:
+		if !e.run.open {
+			name := elementContainer(o)
+			t := e.keyType(name)
+			if t == nil {
+				return fmt.Errorf("%s: type of set %s unknown to the netlink applier", describeOp(op), name)
+			}
+			if op.verb != verbAdd && op.verb != verbDelete {
+				return fmt.Errorf("%s: %w", describeOp(op), errors.New("unsupported"))
+			}
+			e.run = elemRun{open: true, verb: op.verb, name: name, t: t}
+		}
+		err = e.element(i, op.verb, o)
+	default:
+		err = errors.New("unsupported object")
+	}
+	if err == nil {
+		err = b.err
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", describeOp(op), err)
+	}
+	return nil
+}
+
+// finish ends the batch. It also returns the set types the batch creates (nil:
+// deletes), to remember once it applied.
+func (e *nlEncoder) finish() (*nlBatch, map[string]*nftSetType) {
+	if !e.done {
+		e.closeRun()
+		e.b.seq++
+		e.b.header(unix.NFNL_MSG_BATCH_END, 0, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)
+		e.b.end()
+		e.done = true
+	}
+	return e.b, e.keys
+}
+
+// encode turns the transaction into one batch, with the set types it creates.
+func (a *netlinkApplier) encode(tx *nftTx) (*nlBatch, map[string]*nftSetType, error) {
+	e := a.newEncoder(len(tx.ops))
+	for _, op := range tx.ops {
+		if err := e.op(op); err != nil {
+			return nil, nil, err
+		}
+	}
+	b, keys := e.finish()
+	return b, keys, nil
 }
 
 func (a *netlinkApplier) tableCmd(b *nlBatch, op int, verb nftVerb, t *knftables.Table) error {
@@ -732,109 +785,102 @@ func verdictCode(value []string) (int32, string, error) {
 	return code, chain, nil
 }
 
-// elements writes the element commands ops[from:to] (all on set name, all adds or
-// all deletes) as messages of at most nftElementsPerMessage elements whose list
-// stays under an attribute's 64 KiB.
-func (a *netlinkApplier) elements(b *nlBatch, verb nftVerb, name string, t *nftSetType, ops []nftOp, from, to int) error {
-	if verb != verbAdd && verb != verbDelete {
-		return errors.New("unsupported")
+// element adds one element command (command i) to the open run, in messages of
+// at most nftElementsPerMessage elements whose list stays under an attribute's
+// 64 KiB.
+func (e *nlEncoder) element(i int, verb nftVerb, el *knftables.Element) error {
+	b, r := e.b, &e.run
+	describe := func() string { return describeOp(nftOp{verb, el}) }
+	key, err := r.t.encodeKey(el.Key)
+	if err != nil {
+		return fmt.Errorf("%s: %w", describe(), err)
 	}
-	typ, flags := uint16(unix.NFT_MSG_NEWSETELEM), uint16(unix.NLM_F_CREATE)
-	if verb == verbDelete {
-		typ, flags = unix.NFT_MSG_DELSETELEM, 0
+	var code int32
+	var chain string
+	var ud []byte
+	if verb == verbAdd {
+		if r.t.isMap {
+			if code, chain, err = verdictCode(el.Value); err != nil {
+				return fmt.Errorf("%s: %w", describe(), err)
+			}
+		} else if len(el.Value) != 0 {
+			return fmt.Errorf("%s: a set element has no value", describe())
+		}
+		if el.Comment != nil {
+			if ud, err = udComment(*el.Comment); err != nil {
+				return fmt.Errorf("%s: %w", describe(), err)
+			}
+		}
 	}
-	open := func(i int) int {
+	// Start a new message when this one is full; an element is at most a few
+	// hundred bytes (key, chain name, comment).
+	if r.inMsg == 0 || r.inMsg >= nftElementsPerMessage || len(b.buf)-r.listStart > nftMaxElementListBytes-1024 {
+		if r.inMsg > 0 {
+			b.unnest()
+			b.end()
+		}
+		typ, flags := uint16(unix.NFT_MSG_NEWSETELEM), uint16(unix.NLM_F_CREATE)
+		if verb == verbDelete {
+			typ, flags = unix.NFT_MSG_DELSETELEM, 0
+		}
 		b.begin(typ, flags, i, 0)
-		b.str(unix.NFTA_SET_ELEM_LIST_TABLE, a.table)
-		b.str(unix.NFTA_SET_ELEM_LIST_SET, name)
+		b.str(unix.NFTA_SET_ELEM_LIST_TABLE, e.a.table)
+		b.str(unix.NFTA_SET_ELEM_LIST_SET, r.name)
 		b.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
-		return len(b.buf)
+		r.listStart, r.inMsg = len(b.buf), 0
 	}
-	closeMsg := func() {
-		b.unnest()
-		b.end()
-	}
-	listStart, inMsg := 0, 0
-	for i := from; i < to; i++ {
-		e := ops[i].obj.(*knftables.Element)
-		key, err := t.encodeKey(e.Key)
-		if err != nil {
-			return fmt.Errorf("%s: %w", describeOp(ops[i]), err)
-		}
-		var code int32
-		var chain string
-		var ud []byte
-		if verb == verbAdd {
-			if t.isMap {
-				if code, chain, err = verdictCode(e.Value); err != nil {
-					return fmt.Errorf("%s: %w", describeOp(ops[i]), err)
-				}
-			} else if len(e.Value) != 0 {
-				return fmt.Errorf("%s: a set element has no value", describeOp(ops[i]))
-			}
-			if e.Comment != nil {
-				if ud, err = udComment(*e.Comment); err != nil {
-					return fmt.Errorf("%s: %w", describeOp(ops[i]), err)
-				}
-			}
-		}
-		// Start a new message when this one is full; an element is at most a
-		// few hundred bytes (key, chain name, comment).
-		if inMsg == 0 || inMsg >= nftElementsPerMessage || len(b.buf)-listStart > nftMaxElementListBytes-1024 {
-			if inMsg > 0 {
-				closeMsg()
-			}
-			listStart, inMsg = open(i), 0
-		}
-		b.cmds[len(b.cmds)-1].n++
-		b.nest(unix.NFTA_LIST_ELEM)
-		b.nest(unix.NFTA_SET_ELEM_KEY)
-		b.attr(unix.NFTA_DATA_VALUE, key)
-		b.unnest()
-		if verb == verbAdd && t.isMap {
-			b.nest(unix.NFTA_SET_ELEM_DATA)
-			b.nest(unix.NFTA_DATA_VERDICT)
-			b.u32(unix.NFTA_VERDICT_CODE, uint32(code))
-			if chain != "" {
-				b.str(unix.NFTA_VERDICT_CHAIN, chain)
-			}
-			b.unnest()
-			b.unnest()
-		}
-		if ud != nil {
-			b.attr(unix.NFTA_SET_ELEM_USERDATA, ud)
+	b.cmds[len(b.cmds)-1].n++
+	b.nest(unix.NFTA_LIST_ELEM)
+	b.nest(unix.NFTA_SET_ELEM_KEY)
+	b.attr(unix.NFTA_DATA_VALUE, key)
+	b.unnest()
+	if verb == verbAdd && r.t.isMap {
+		b.nest(unix.NFTA_SET_ELEM_DATA)
+		b.nest(unix.NFTA_DATA_VERDICT)
+		b.u32(unix.NFTA_VERDICT_CODE, uint32(code))
+		if chain != "" {
+			b.str(unix.NFTA_VERDICT_CHAIN, chain)
 		}
 		b.unnest()
-		inMsg++
+		b.unnest()
 	}
-	if inMsg > 0 {
-		closeMsg()
+	if ud != nil {
+		b.attr(unix.NFTA_SET_ELEM_USERDATA, ud)
 	}
+	b.unnest()
+	r.inMsg++
 	return nil
+}
+
+// closeRun ends the element message being filled, if any.
+func (e *nlEncoder) closeRun() {
+	if e.run.open && e.run.inMsg > 0 {
+		e.b.unnest()
+		e.b.end()
+	}
+	e.run = elemRun{}
 }
 
 // nftMaxElementListBytes keeps an element list attribute under the 64 KiB an
 // attribute length can describe.
 const nftMaxElementListBytes = 60000
 
-// describe names the command(s) of the message with sequence number seq.
-func (b *nlBatch) describe(tx *nftTx, seq uint32) string {
+// describe names the command(s) of the message with sequence number seq;
+// name(i) names the transaction's command i.
+func (b *nlBatch) describe(name func(int) string, seq uint32) string {
 	i := int(seq - b.first - 1)
 	if seq == b.first || i < 0 || i >= len(b.cmds) {
 		return "commit"
 	}
 	c := b.cmds[i]
-	d := describeOp(tx.ops[c.op])
+	d := name(c.op)
 	if c.n > 1 {
 		d = fmt.Sprintf("%s (and %d more elements)", d, c.n-1)
 	}
 	return d
 }
 
-// apply encodes tx and sends it as one batch. Only the last command asks for an
-// acknowledgement: the kernel reports every failing command anyway, and answers
-// a commit failure with an error on the batch header; all answers are queued
-// before the send returns, as the kernel handles a batch inside the send call.
+// apply encodes tx and sends it as one batch.
 func (a *netlinkApplier) apply(ctx context.Context, tx *nftTx) error {
 	if len(tx.ops) == 0 {
 		return nil
@@ -843,6 +889,15 @@ func (a *netlinkApplier) apply(ctx context.Context, tx *nftTx) error {
 	if err != nil {
 		return err
 	}
+	return a.send(ctx, b, keys, func(i int) string { return describeOp(tx.ops[i]) })
+}
+
+// send sends an encoded batch; name(i) names its command i in errors. Only the
+// last command asks for an acknowledgement: the kernel reports every failing
+// command anyway, and answers a commit failure with an error on the batch header;
+// all answers are queued before the send returns, as the kernel handles a batch
+// inside the send call.
+func (a *netlinkApplier) send(ctx context.Context, b *nlBatch, keys map[string]*nftSetType, name func(int) string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -891,7 +946,7 @@ func (a *netlinkApplier) apply(ctx context.Context, tx *nftTx) error {
 	if err := unix.Sendto(fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return fmt.Errorf("send batch of %d bytes: %w", len(b.buf), err)
 	}
-	if err := receiveBatchAnswer(fd, b, tx, last); err != nil {
+	if err := receiveBatchAnswer(fd, b, name, last); err != nil {
 		return err
 	}
 	for name, t := range keys {
@@ -906,7 +961,7 @@ func (a *netlinkApplier) apply(ctx context.Context, tx *nftTx) error {
 
 // receiveBatchAnswer reads the kernel's answers to a batch until the one to the
 // last command, and returns every error found, each naming its command.
-func receiveBatchAnswer(fd int, b *nlBatch, tx *nftTx, last uint32) error {
+func receiveBatchAnswer(fd int, b *nlBatch, name func(int) string, last uint32) error {
 	var errs []error
 	buf := make([]byte, 1<<16)
 	for {
@@ -934,7 +989,7 @@ func receiveBatchAnswer(fd int, b *nlBatch, tx *nftTx, last uint32) error {
 			code := -int32(binary.NativeEndian.Uint32(m.Data))
 			seq := binary.NativeEndian.Uint32(m.Data[4+8:])
 			if code != 0 {
-				what := b.describe(tx, seq)
+				what := b.describe(name, seq)
 				e := fmt.Errorf("%s: %w", what, syscall.Errno(code))
 				if text := extAckText(m); text != "" {
 					e = fmt.Errorf("%s: %w (%s)", what, syscall.Errno(code), text)

@@ -268,3 +268,74 @@ func TestServiceSameSeesEveryField(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamedFullSyncMatchesList: a full sync encoded while it is planned (as
+// Sync does through netlink) is the same batch, byte for byte, as the listed
+// transaction encoded afterwards, for every configuration, over an empty table
+// and over one a previous sync left (stale chains and affinity sets to clean up).
+func TestStreamedFullSyncMatchesList(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		cfg NFTablesConfig
+		st  func() *State
+	}{
+		{sampleConfig(), sampleState},
+		{NFTablesConfig{Table: "nodekit", MasqueradeAll: true, MasqueradeMark: 0x8000}, sampleState},
+		{NFTablesConfig{ClusterCIDR: netip.MustParsePrefix("10.240.0.0/12"),
+			ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("172.30.0.0/16")}}, sampleState},
+		{sampleConfig6(), sampleState6},
+	} {
+		table := tc.cfg.Table
+		if table == "" {
+			table = DefaultNFTablesTable
+		}
+		w, err := newNFTablesWith(tc.cfg, knftables.NewFake(tc.cfg.Family.nft(), table))
+		require.NoError(t, err)
+		st := tc.st()
+		for step, mutate := range []func(){
+			func() {},
+			func() { st.Services[1].Endpoints = st.Services[1].Endpoints[:1] },
+			func() { st.Services[2].AffinityTimeout = time.Minute },
+			func() { st.Services = st.Services[2:] },
+			func() { st.Services[0].Endpoints = nil },
+		} {
+			mutate()
+			w.ForceFullSync()
+			listed, _, _, err := w.transaction(ctx, st, nil)
+			require.NoError(t, err)
+			want, wantKeys, err := newNetlinkApplier(tc.cfg.Family, w.cfg.Table).encode(listed)
+			require.NoError(t, err)
+
+			enc := newNetlinkApplier(tc.cfg.Family, w.cfg.Table)
+			enc.seq = want.first
+			streamed := &nftTx{stream: enc.newEncoder(0)}
+			_, _, err = w.transactionInto(ctx, st, nil, streamed)
+			require.NoError(t, err)
+			require.NoError(t, streamed.err)
+			assert.Empty(t, streamed.ops, "a streamed transaction keeps no list")
+			assert.Equal(t, len(listed.ops), streamed.n)
+			got, gotKeys := streamed.stream.(*nlEncoder).finish()
+			assert.Equal(t, want.buf, got.buf, "%s %s step %d", tc.cfg.Family, tc.cfg.Table, step)
+			assert.Equal(t, want.cmds, got.cmds)
+			assert.Equal(t, wantKeys, gotKeys)
+
+			require.NoError(t, w.Sync(ctx, st)) // the fake's table is what the next step cleans up
+		}
+	}
+}
+
+// TestStreamedFullSyncNamesFailingCommand: a kernel error on a streamed full sync
+// names the command at fault, as a listed one does, by planning the sync again.
+func TestStreamedFullSyncNamesFailingCommand(t *testing.T) {
+	ctx := context.Background()
+	w, err := newNFTablesWith(sampleConfig(), knftables.NewFake(knftables.IPv4Family, "kube-proxy"))
+	require.NoError(t, err)
+	st := sampleState()
+	listed, _, _, err := w.transaction(ctx, st, nil)
+	require.NoError(t, err)
+	name := w.replayedOpNames(ctx, st)
+	for i, op := range listed.ops {
+		require.Equal(t, describeOp(op), name(i))
+	}
+	assert.Equal(t, fmt.Sprintf("command %d", len(listed.ops)), name(len(listed.ops)))
+}

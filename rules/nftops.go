@@ -3,6 +3,7 @@ package rules
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"sigs.k8s.io/knftables"
 )
@@ -28,13 +29,47 @@ type nftOp struct {
 // encodes it; render replays it into a knftables.Transaction for the text payload
 // (DryRun, the golden files, the nft CLI applier). Both come from the same list,
 // so the text is exactly what the netlink batch carries.
+//
+// With stream set, the commands are not kept but handed to it as they come (a
+// full sync encoded straight into its netlink batch): at 10,000 service ports the
+// list and the objects it points to were about 50 MB held beside the batch.
 type nftTx struct {
 	ops []nftOp
+	// n counts the commands, kept or streamed.
+	n      int
+	stream nftStream
+	// err is the stream's first error; later commands are dropped.
+	err error
 }
 
-func (t *nftTx) add(o knftables.Object)    { t.ops = append(t.ops, nftOp{verbAdd, o}) }
-func (t *nftTx) flush(o knftables.Object)  { t.ops = append(t.ops, nftOp{verbFlush, o}) }
-func (t *nftTx) delete(o knftables.Object) { t.ops = append(t.ops, nftOp{verbDelete, o}) }
+// nftStream takes a transaction's commands one by one.
+type nftStream interface {
+	op(nftOp) error
+	// grow makes room for about n more commands.
+	grow(n int)
+}
+
+func (t *nftTx) put(op nftOp) {
+	t.n++
+	if t.stream == nil {
+		t.ops = append(t.ops, op)
+	} else if t.err == nil {
+		t.err = t.stream.op(op)
+	}
+}
+
+func (t *nftTx) add(o knftables.Object)    { t.put(nftOp{verbAdd, o}) }
+func (t *nftTx) flush(o knftables.Object)  { t.put(nftOp{verbFlush, o}) }
+func (t *nftTx) delete(o knftables.Object) { t.put(nftOp{verbDelete, o}) }
+
+// grow makes room for about n more commands.
+func (t *nftTx) grow(n int) {
+	if t.stream != nil {
+		t.stream.grow(n)
+	} else {
+		t.ops = slices.Grow(t.ops, n)
+	}
+}
 
 // render is the transaction as knftables writes it for `nft -f`.
 func (t *nftTx) render(nft knftables.Interface) *knftables.Transaction {

@@ -65,8 +65,15 @@ func benchPartialPlan(b *testing.B, changes bool) {
 }
 
 // BenchmarkFullEncodeAt5k is the user-space half of a first full sync at 5,000
-// service ports: compile, build the transaction, encode the netlink batch.
+// service ports: compile, plan, encode the netlink batch; listed (the whole
+// transaction first, as the nft CLI applier and DryRun do) or streamed (as Sync
+// through netlink does).
 func BenchmarkFullEncodeAt5k(b *testing.B) {
+	b.Run("listed", func(b *testing.B) { benchFullEncode(b, false) })
+	b.Run("streamed", func(b *testing.B) { benchFullEncode(b, true) })
+}
+
+func benchFullEncode(b *testing.B, stream bool) {
 	ctx := context.Background()
 	st := planBenchState(5000)
 	for b.Loop() {
@@ -74,14 +81,26 @@ func BenchmarkFullEncodeAt5k(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		tx, _, _, err := w.transaction(ctx, st, nil)
-		if err != nil {
-			b.Fatal(err)
+		a := newNetlinkApplier(IPv4, "bench")
+		var nb *nlBatch
+		var ops int
+		if stream {
+			tx := &nftTx{stream: a.newEncoder(0)}
+			if _, _, err := w.transactionInto(ctx, st, nil, tx); err != nil || tx.err != nil {
+				b.Fatal(err, tx.err)
+			}
+			nb, _ = tx.stream.(*nlEncoder).finish()
+			ops = tx.n
+		} else {
+			tx, _, _, err := w.transaction(ctx, st, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if nb, _, err = a.encode(tx); err != nil {
+				b.Fatal(err)
+			}
+			ops = len(tx.ops)
 		}
-		nb, _, err := newNetlinkApplier(IPv4, "bench").encode(tx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.ReportMetric(float64(len(nb.buf))/float64(len(tx.ops)), "batch-bytes/op")
+		b.ReportMetric(float64(len(nb.buf))/float64(ops), "batch-bytes/op")
 	}
 }

@@ -89,9 +89,9 @@ func run(args []string) int {
 const defaultGCPercent = 25
 
 // fullSyncGCPercent is the garbage collector's target while a full sync plans and
-// writes, unless GOGC is set (0: left alone). A full sync at scale holds the whole
-// transaction and its netlink encoding for a moment, tens of MB that are garbage
-// right after; a lower target keeps the collector's headroom over that peak small,
+// writes, unless GOGC is set (0: left alone). A full sync at scale holds its
+// netlink batch (streamed into as it is planned) for a moment, tens of MB that are
+// garbage right after; a lower target keeps the collector's headroom over that peak small,
 // at the cost of more collections during full syncs only (docs/benchmarks.md).
 func fullSyncGCPercent() int {
 	if os.Getenv("GOGC") != "" {
