@@ -151,8 +151,10 @@ func TestKubeletEviction(t *testing.T) {
 		got := n.waitPod(t, "hog", 120*time.Second, "evicted", evicted)
 		msg := got.Status.Message
 		t.Logf("hog evicted %s after its creation: %s", time.Since(start).Round(100*time.Millisecond), msg)
-		assert.Regexp(t, `^The node was low on resource: memory\. Threshold quantity: 300Mi, available: [0-9]+Ki\. `+
-			`Container hog was using [0-9]+Ki, request is 1Mi, has larger consumption of memory\. $`, msg)
+		// The figures are resource.Quantity strings, as upstream prints them: an
+		// exact number of MiB reads "161Mi", anything else "164436Ki".
+		assert.Regexp(t, `^The node was low on resource: memory\. Threshold quantity: 300Mi, available: [0-9]+(Ki|Mi|Gi)?\. `+
+			`Container hog was using [0-9]+(Ki|Mi|Gi)?, request is 1Mi, has larger consumption of memory\. $`, msg)
 		var cond *corev1.PodCondition
 		for i := range got.Status.Conditions {
 			if got.Status.Conditions[i].Type == corev1.DisruptionTarget {
