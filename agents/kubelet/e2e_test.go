@@ -424,6 +424,36 @@ func TestKubeletNode(t *testing.T) {
 		assert.Equal(t, "default", sbs[0].GetMetadata().GetNamespace())
 	})
 
+	t.Run("admission judges against the Node as it is now: a label added just before the pod", func(t *testing.T) {
+		// The scheduler's conformance specs label a node and bind a pod requiring the
+		// label at once; the kubelet must see the label through its Node watch, not
+		// wait for its next status update (every 10 s).
+		for i := range 3 {
+			value := fmt.Sprintf("v%d", i)
+			patch := fmt.Sprintf(`{"metadata":{"labels":{"nodekit.dev/admit-now":%q}}}`, value)
+			_, err := n.admin.CoreV1().Nodes().Patch(context.Background(), n.name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+			require.NoError(t, err)
+			name := "labelled-" + value
+			p := busyboxPod(name, image, corev1.RestartPolicyAlways, "sleep 3600")
+			p.Spec.NodeSelector = map[string]string{"nodekit.dev/admit-now": value}
+			n.createPod(t, p)
+			got := n.waitPod(t, name, 60*time.Second, "Running or Failed", func(p *corev1.Pod) bool {
+				return p.Status.Phase == corev1.PodRunning || p.Status.Phase == corev1.PodFailed
+			})
+			require.Equal(t, corev1.PodRunning, got.Status.Phase, "reason=%s message=%s", got.Status.Reason, got.Status.Message)
+		}
+		// A selector the node does not match is still refused, with the kubelet's words.
+		p := busyboxPod("unlabelled", image, corev1.RestartPolicyAlways, "sleep 3600")
+		p.Spec.NodeSelector = map[string]string{"nodekit.dev/admit-now": "never"}
+		n.createPod(t, p)
+		got := n.waitPod(t, "unlabelled", 60*time.Second, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+		assert.Equal(t, "NodeAffinity", got.Status.Reason)
+		assert.Equal(t, "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector", got.Status.Message)
+		for _, name := range []string{"labelled-v0", "labelled-v1", "labelled-v2", "unlabelled"} {
+			require.NoError(t, n.admin.CoreV1().Pods("default").Delete(context.Background(), name, metav1.DeleteOptions{}))
+		}
+	})
+
 	t.Run("restartPolicy Never gives Succeeded and Failed with exit codes", func(t *testing.T) {
 		n.createPod(t, busyboxPod("ok", image, corev1.RestartPolicyNever, "exit 0"))
 		n.createPod(t, busyboxPod("bad", image, corev1.RestartPolicyNever, "echo broken >/dev/termination-log; exit 3"))

@@ -274,6 +274,7 @@ func runKubelet(ctx context.Context, o *options, cfg *kubeletv1beta1.KubeletConf
 		go func() { defer func() { done <- struct{}{} }(); fn() }()
 	}
 	if client != nil {
+		ns.watchNode(logCtx)
 		start(func() {
 			if *cfg.RegisterNode {
 				if err := ns.register(logCtx); err != nil {

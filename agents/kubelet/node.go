@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,9 +17,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/record"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -68,15 +72,56 @@ type nodeStatus struct {
 	lastReport time.Time
 	// runtimeReady is the last readiness verdict, for /healthz and pod admission.
 	readiness cri.Readiness
-	// seen is the Node as last read from the API server (labels, taints, status
-	// features), for pod admission; nil until the first status update reads it.
+	// seen is the Node as last read from the API server by a status update; pod
+	// admission falls back to it while the Node informer has not listed the Node.
 	seen *corev1.Node
+	// nodes, when set, lists this kubelet's own Node from a watch (the kubelet's
+	// nodeLister); nodeSynced latches once the Node has been seen there.
+	nodes      corelisters.NodeLister
+	nodeSynced atomic.Bool
+}
+
+// watchNode starts an informer on this kubelet's own Node (a field selector on its
+// name), as NewMainKubelet does, so pod admission judges against the Node as it is
+// now: a label added just before a pod is bound is already there. It returns once
+// the informer has started; the informer stops with ctx.
+func (n *nodeStatus) watchNode(ctx context.Context) {
+	factory := informers.NewSharedInformerFactoryWithOptions(n.client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector(metav1.ObjectNameField, n.name).String()
+		}))
+	n.nodes = factory.Core().V1().Nodes().Lister()
+	klog.InfoS("Attempting to sync node with API server")
+	factory.Start(ctx.Done())
+	go func() {
+		<-ctx.Done()
+		factory.Shutdown()
+	}()
+}
+
+// nodeHasSynced tells whether this kubelet's Node has reached the Node informer
+// (newNodeHasSyncedFunc); without an informer (standalone) it is always true.
+func (n *nodeStatus) nodeHasSynced() bool {
+	if n.nodes == nil || n.nodeSynced.Load() {
+		return true
+	}
+	if _, err := n.nodes.Get(n.name); err == nil {
+		n.nodeSynced.Store(true)
+		return true
+	}
+	return false
 }
 
 // admissionNode is the Node pod admission judges against, as the kubelet's
-// getNodeAnyWay: the one last read from the API server, or, before any, the Node
-// this kubelet registers (its labels and registerWithTaints).
+// getNodeAnyWay: the one the Node informer holds, else the one last read by a
+// status update, else the Node this kubelet registers (its labels and
+// registerWithTaints).
 func (n *nodeStatus) admissionNode() *corev1.Node {
+	if n.nodes != nil {
+		if node, err := n.nodes.Get(n.name); err == nil {
+			return node
+		}
+	}
 	n.mu.Lock()
 	seen := n.seen
 	n.mu.Unlock()

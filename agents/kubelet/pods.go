@@ -361,8 +361,26 @@ func (m *podManager) podContentRemovable(uid types.UID) bool {
 	return !known
 }
 
-// watchAPI feeds the pods bound to this node from an informer.
+// watchAPI feeds the pods bound to this node from an informer. As upstream's
+// NewSourceApiserver, it starts only once this node's Node has been synced, so the
+// first pods are admitted against the Node the API server has, not a guess.
 func (m *podManager) watchAPI(ctx context.Context) {
+	if m.cfg.node != nil && !m.cfg.node.nodeHasSynced() {
+		klog.InfoS("Waiting for node sync before watching apiserver pods")
+		t := time.NewTicker(time.Second)
+		for !m.cfg.node.nodeHasSynced() {
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+				klog.V(4).InfoS("node sync has not completed yet")
+			}
+		}
+		t.Stop()
+		klog.V(4).InfoS("node sync completed")
+	}
+	klog.InfoS("Watching apiserver")
 	factory := informers.NewSharedInformerFactoryWithOptions(m.cfg.client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", m.cfg.nodeName).String()
