@@ -3,6 +3,7 @@ package podsync
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -57,22 +58,79 @@ type MemoryUsage interface {
 	ContainerMemoryUsage(pod *corev1.Pod, containerID string) (int64, error)
 }
 
+// ActuatedStore keeps what each container of a pod was last created or
+// updated with (the kubelet's actuated state). The Syncer keeps it in memory
+// unless Config.Actuated gives one, which lets an agent carry it across its
+// restarts as the kubelet's actuated_pods_state checkpoint does: a resize that
+// was admitted but not yet carried out is then retried after a restart instead
+// of being taken as done. It must be safe for concurrent use.
+//
+// PodActuated returns a map the Syncer may change (a copy of the store's); the
+// Syncer does not touch a map once it has passed it to SetPodActuated.
+type ActuatedStore interface {
+	// PodActuated returns the record of the pod with uid, false when there is none.
+	PodActuated(uid types.UID) (map[string]corev1.ResourceRequirements, bool)
+	// SetPodActuated replaces the pod's record.
+	SetPodActuated(uid types.UID, containers map[string]corev1.ResourceRequirements)
+	// RemovePodActuated forgets the pod.
+	RemovePodActuated(uid types.UID)
+}
+
+// memoryActuated is the default ActuatedStore.
+type memoryActuated struct {
+	mu   sync.Mutex
+	pods map[types.UID]map[string]corev1.ResourceRequirements
+}
+
+func (m *memoryActuated) PodActuated(uid types.UID) (map[string]corev1.ResourceRequirements, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.pods[uid]
+	return cloneResources(r), ok
+}
+
+func (m *memoryActuated) SetPodActuated(uid types.UID, containers map[string]corev1.ResourceRequirements) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.pods[uid] = cloneResources(containers)
+}
+
+func (m *memoryActuated) RemovePodActuated(uid types.UID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.pods, uid)
+}
+
+func cloneResources(in map[string]corev1.ResourceRequirements) map[string]corev1.ResourceRequirements {
+	if in == nil {
+		return nil
+	}
+	out := make(map[string]corev1.ResourceRequirements, len(in))
+	for k, v := range in {
+		out[k] = *v.DeepCopy()
+	}
+	return out
+}
+
 // actuatedResources returns what the container was last created or updated
 // with.
 func (s *Syncer) actuatedResources(uid types.UID, name string) (corev1.ResourceRequirements, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := s.actuated[uid][name]
+	pod, _ := s.actuated.PodActuated(uid)
+	r, ok := pod[name]
 	return r, ok
 }
 
 func (s *Syncer) setActuated(uid types.UID, name string, r corev1.ResourceRequirements) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.actuated[uid] == nil {
-		s.actuated[uid] = map[string]corev1.ResourceRequirements{}
+	pod, _ := s.actuated.PodActuated(uid)
+	if pod == nil {
+		pod = map[string]corev1.ResourceRequirements{}
 	}
-	s.actuated[uid][name] = *r.DeepCopy()
+	pod[name] = *r.DeepCopy()
+	s.actuated.SetPodActuated(uid, pod)
 }
 
 // initActuated records the pod's resources as actuated when the Syncer has no
@@ -81,7 +139,7 @@ func (s *Syncer) setActuated(uid types.UID, name string, r corev1.ResourceRequir
 func (s *Syncer) initActuated(pod *corev1.Pod) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.actuated[pod.UID]; ok {
+	if _, ok := s.actuated.PodActuated(pod.UID); ok {
 		return
 	}
 	m := map[string]corev1.ResourceRequirements{}
@@ -91,7 +149,7 @@ func (s *Syncer) initActuated(pod *corev1.Pod) {
 	for i := range pod.Spec.Containers {
 		m[pod.Spec.Containers[i].Name] = *pod.Spec.Containers[i].Resources.DeepCopy()
 	}
-	s.actuated[pod.UID] = m
+	s.actuated.SetPodActuated(pod.UID, m)
 }
 
 // ResizeInProgress reports whether a running app container or sidecar of pod (whose spec

@@ -3,12 +3,14 @@ package podsync_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -198,4 +200,76 @@ func TestSyncPodResizeRefusesLimitBelowUsage(t *testing.T) {
 	// Above usage it goes through.
 	require.NoError(t, e.sync(newPod(limits("96Mi"))).Error())
 	assert.Len(t, log, 2)
+}
+
+// mapActuated is an ActuatedStore an agent would persist; two Syncers sharing
+// one stand for the agent before and after a restart.
+type mapActuated struct {
+	mu   sync.Mutex
+	pods map[types.UID]map[string]corev1.ResourceRequirements
+}
+
+func (m *mapActuated) PodActuated(uid types.UID) (map[string]corev1.ResourceRequirements, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.pods[uid]
+	out := map[string]corev1.ResourceRequirements{}
+	for k, v := range r {
+		out[k] = *v.DeepCopy()
+	}
+	return out, ok
+}
+
+func (m *mapActuated) SetPodActuated(uid types.UID, c map[string]corev1.ResourceRequirements) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.pods[uid] = c
+}
+
+func (m *mapActuated) RemovePodActuated(uid types.UID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.pods, uid)
+}
+
+func TestSyncPodActuatedStoreAcrossRestart(t *testing.T) {
+	e := newEnv(t)
+	store := &mapActuated{pods: map[types.UID]map[string]corev1.ResourceRequirements{}}
+	newSyncer := func(a podsync.ActuatedStore) *podsync.Syncer {
+		s, err := podsync.New(podsync.Config{Runtime: e.rt, Builder: e.builder, Clock: e.clk, Actuated: a})
+		require.NoError(t, err)
+		return s
+	}
+	e.syncer = newSyncer(store)
+	pod := newPod(limits("128Mi"))
+	require.NoError(t, e.sync(pod).Error())
+	app := e.running("app")
+	rec, ok := store.PodActuated(pod.UID)
+	require.True(t, ok, "the container's creation is recorded in the store")
+	q := rec["app"].Limits[corev1.ResourceMemory]
+	assert.Equal(t, "128Mi", q.String())
+
+	// The allocation moved on while the agent was down (or its actuation had not
+	// run): a Syncer given the store resizes the running container...
+	resized := newPod(limits("256Mi"))
+	e.syncer = newSyncer(store)
+	e.rt.ResetCalls()
+	require.NoError(t, e.sync(resized).Error())
+	assert.Contains(t, e.rt.CallNames(), "UpdateContainerResources("+app.Id+")")
+	assert.Equal(t, app.Id, e.running("app").Id, "resized in place")
+	rec, _ = store.PodActuated(pod.UID)
+	q = rec["app"].Limits[corev1.ResourceMemory]
+	assert.Equal(t, "256Mi", q.String())
+
+	// ...while one keeping its record in memory takes the allocation as actuated.
+	e.syncer = newSyncer(nil)
+	e.rt.ResetCalls()
+	require.NoError(t, e.sync(newPod(limits("512Mi"))).Error())
+	assert.NotContains(t, e.rt.CallNames(), "UpdateContainerResources("+app.Id+")")
+
+	// Removing the pod removes its record.
+	e.syncer = newSyncer(store)
+	require.NoError(t, e.syncer.RemovePod(context.Background(), pod.UID))
+	_, ok = store.PodActuated(pod.UID)
+	assert.False(t, ok)
 }

@@ -794,7 +794,7 @@ func (s *Syncer) removePod(ctx context.Context, uid types.UID) error {
 	if len(errs) == 0 {
 		s.mu.Lock()
 		delete(s.waiting, uid)
-		delete(s.actuated, uid)
+		s.actuated.RemovePodActuated(uid)
 		for key := range s.pullErrors {
 			if strings.HasPrefix(key, string(uid)+"_") {
 				delete(s.pullErrors, key)

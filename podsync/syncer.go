@@ -52,6 +52,10 @@ type Config struct {
 	// PodCgroups resizes the pod cgroup around an in-place resize of its
 	// containers. Nil: only the containers are resized.
 	PodCgroups PodCgroups
+	// Actuated keeps what each container was last created or updated with, for
+	// in-place resize. Nil: kept in memory, so after a restart of the agent a
+	// running pod is taken to run with what it is allocated.
+	Actuated ActuatedStore
 }
 
 // Syncer drives pods on a Runtime the way the kubelet's kuberuntime manager does.
@@ -67,8 +71,8 @@ type Syncer struct {
 	// ImagePullBackOff message.
 	pullErrors map[string]string
 	// actuated are the resources each container was last created or updated
-	// with, per pod UID and container name (the kubelet's actuated state).
-	actuated map[types.UID]map[string]corev1.ResourceRequirements
+	// with (the kubelet's actuated state); s.mu makes its read-modify-writes atomic.
+	actuated ActuatedStore
 }
 
 // New validates cfg and returns a Syncer.
@@ -106,11 +110,14 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.Hash == nil {
 		cfg.Hash = ContainerHash
 	}
+	if cfg.Actuated == nil {
+		cfg.Actuated = &memoryActuated{pods: map[types.UID]map[string]corev1.ResourceRequirements{}}
+	}
 	if cfg.MinGracePeriod == 0 {
 		cfg.MinGracePeriod = minimumGracePeriod
 	}
 	return &Syncer{cfg: cfg, started: cfg.Clock.Now(), waiting: map[types.UID]map[string]Waiting{}, pullErrors: map[string]string{},
-		actuated: map[types.UID]map[string]corev1.ResourceRequirements{}}, nil
+		actuated: cfg.Actuated}, nil
 }
 
 // minimumGracePeriod is the kubelet's floor for a container's stop grace.
