@@ -87,7 +87,11 @@ func (m *podManager) fits(pod *corev1.Pod) (reason, message string, ok bool) {
 	m.mu.Lock()
 	var others []*corev1.Pod
 	for _, e := range m.pods {
-		if e.admitted && e.pod.UID != pod.UID && e.pod.Status.Phase != corev1.PodSucceeded && e.pod.Status.Phase != corev1.PodFailed {
+		// A pod counts once admitted, or, right after a restart, before its
+		// worker has admitted it again when the checkpoint holds its allocation
+		// (upstream's getAllocatedPods: active pods with an allocation).
+		counted := e.admitted || (!e.rejected && m.alloc.has(e.pod.UID))
+		if counted && e.pod.UID != pod.UID && e.pod.Status.Phase != corev1.PodSucceeded && e.pod.Status.Phase != corev1.PodFailed {
 			allocated, _ := m.alloc.pod(e.pod)
 			others = append(others, allocated)
 		}

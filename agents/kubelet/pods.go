@@ -80,8 +80,11 @@ type podManager struct {
 	status      *statusManager
 	events      *eventAdapter
 	// alloc holds what each admitted pod was allocated (in-place resize).
-	alloc   *allocations
-	hostIPs []string
+	alloc *allocations
+	// actuated holds what each container was last created or updated with
+	// (podsync's ActuatedStore), checkpointed as actuated_pods_state.
+	actuated *resourceCheckpoint
+	hostIPs  []string
 	// eviction admits pods against the node's pressure conditions; nil admits all.
 	eviction *evictionManager
 
@@ -121,7 +124,8 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 		fingerprints: map[types.UID]string{},
 	}
 	m.hostIPs = []string{cfg.nodeIP.String()}
-	m.alloc = newAllocations(m.clock.Now)
+	m.alloc = newAllocations(m.clock.Now, openResourceCheckpoint(cfg.rootDir, allocatedPodsStateFile))
+	m.actuated = openResourceCheckpoint(cfg.rootDir, actuatedPodsStateFile)
 	m.events = &eventAdapter{recorder: cfg.recorder}
 	var envSource podenv.Source = emptyEnvSource{}
 	var volSources volume.Sources
@@ -185,6 +189,7 @@ func newPodManager(cfg podManagerConfig) (*podManager, error) {
 		RuntimeName: cfg.runtime.RuntimeVersion().GetRuntimeName(),
 		Credentials: m.pullSecrets,
 		PodCgroups:  podResizer{cg},
+		Actuated:    m.actuated,
 	})
 	if err != nil {
 		return nil, err
@@ -629,7 +634,10 @@ func (m *podManager) syncPod(ctx context.Context, e *podEntry) (finished bool, e
 		if e.rejected {
 			return false, nil
 		}
-		if reason, msg, ok := m.admit(pod); !ok {
+		// A pod admitted before a restart is admitted again with its checkpointed
+		// allocation, not a resize still pending in its spec (AddPod).
+		allocated, _ := m.alloc.pod(pod)
+		if reason, msg, ok := m.admit(allocated); !ok {
 			e.rejected = true
 			m.events.Eventf(pod, corev1.EventTypeWarning, reason, "%s", msg)
 			st := pod.Status.DeepCopy()
@@ -637,7 +645,8 @@ func (m *podManager) syncPod(ctx context.Context, e *podEntry) (finished bool, e
 			m.status.write(ctx, pod, e.static, st)
 			return false, nil
 		}
-		m.alloc.set(pod)
+		m.alloc.set(allocated)
+		m.alloc.backfill(pod)
 		m.mu.Lock()
 		e.admitted = true
 		m.mu.Unlock()
@@ -865,6 +874,10 @@ func (m *podManager) relist(ctx context.Context) {
 	}
 	var orphanCgroups []types.UID
 	if m.apiSynced && m.staticLoaded {
+		// Resize records of pods no longer on the node (RemoveOrphanedPods, and
+		// the runtime manager's pass over its actuated state), under m.mu so a
+		// pod arriving meanwhile keeps its own.
+		m.removeOrphanRecords()
 		for uid := range m.cgroups.podCgroupsOnNode() {
 			// As the kubelet's cleanupOrphanedPodCgroups: not while the pod's volumes
 			// are still on the node.
@@ -873,7 +886,11 @@ func (m *podManager) relist(ctx context.Context) {
 			}
 		}
 	}
+	sourcesReady := m.apiSynced && m.staticLoaded
 	m.mu.Unlock()
+	if sourcesReady {
+		wake = append(wake, m.alloc.takeAwaitingSources()...)
+	}
 	for _, uid := range wake {
 		m.wakePod(uid)
 	}
@@ -892,6 +909,15 @@ func (m *podManager) relist(ctx context.Context) {
 		}
 		m.mu.Unlock()
 	}
+}
+
+// removeOrphanRecords drops the allocated and actuated records of pods not
+// on the node, in memory: the next write leaves them out, as upstream's. The
+// caller holds m.mu.
+func (m *podManager) removeOrphanRecords() {
+	known := func(uid types.UID) bool { _, ok := m.pods[uid]; return ok }
+	m.alloc.allocated.removeOrphans(known)
+	m.actuated.removeOrphans(known)
 }
 
 // ensurePodCgroup makes the pod's cgroup as the kubelet's SyncPod does: a pod

@@ -37,37 +37,51 @@ const (
 )
 
 // allocations is the allocation manager: the resources each admitted pod's
-// containers were allocated, and the resize conditions per pod. Kept in
-// memory: after a restart the running pods' specs are taken as allocated.
+// containers were allocated, checkpointed in allocated_pods_state as upstream
+// does so a restart keeps a Deferred resize unallocated, and the resize
+// conditions per pod, kept in memory as the status manager keeps them.
 type allocations struct {
+	allocated  *resourceCheckpoint
 	mu         sync.Mutex
-	allocated  map[types.UID]map[string]corev1.ResourceRequirements
 	pending    map[types.UID]*corev1.PodCondition
 	inProgress map[types.UID]*corev1.PodCondition
-	now        func() time.Time
+	// awaitingSources are pods whose resize waits for every pod source to
+	// have loaded (woken then).
+	awaitingSources map[types.UID]struct{}
+	now             func() time.Time
 }
 
-func newAllocations(now func() time.Time) *allocations {
+func newAllocations(now func() time.Time, allocated *resourceCheckpoint) *allocations {
 	return &allocations{
-		allocated:  map[types.UID]map[string]corev1.ResourceRequirements{},
+		allocated:  allocated,
 		pending:    map[types.UID]*corev1.PodCondition{},
 		inProgress: map[types.UID]*corev1.PodCondition{},
 		now:        now,
+
+		awaitingSources: map[types.UID]struct{}{},
 	}
 }
 
-// set records pod's containers' resources as allocated (SetAllocatedResources).
+// set records pod's containers' resources as allocated and checkpoints them
+// (SetAllocatedResources). A failed write is logged, as upstream's AddPod
+// does; the allocation holds in memory.
 func (a *allocations) set(pod *corev1.Pod) {
 	m := map[string]corev1.ResourceRequirements{}
 	for i := range pod.Spec.InitContainers {
-		m[pod.Spec.InitContainers[i].Name] = *pod.Spec.InitContainers[i].Resources.DeepCopy()
+		m[pod.Spec.InitContainers[i].Name] = pod.Spec.InitContainers[i].Resources
 	}
 	for i := range pod.Spec.Containers {
-		m[pod.Spec.Containers[i].Name] = *pod.Spec.Containers[i].Resources.DeepCopy()
+		m[pod.Spec.Containers[i].Name] = pod.Spec.Containers[i].Resources
 	}
-	a.mu.Lock()
-	a.allocated[pod.UID] = m
-	a.mu.Unlock()
+	if err := a.allocated.setContainers(pod.UID, m); err != nil {
+		klog.ErrorS(err, "SetPodAllocation failed", "pod", klog.KObj(pod))
+	}
+}
+
+// has reports whether the pod has an allocation (HasPodAllocatedResources).
+func (a *allocations) has(uid types.UID) bool {
+	_, ok := a.allocated.containers(uid)
+	return ok
 }
 
 // pod returns pod with its containers' resources replaced by the allocated
@@ -76,9 +90,7 @@ func (a *allocations) pod(pod *corev1.Pod) (*corev1.Pod, bool) {
 	if a == nil {
 		return pod, false // no allocation manager: the spec is the allocation
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	alloc, ok := a.allocated[pod.UID]
+	alloc, ok := a.allocated.containers(pod.UID)
 	if !ok {
 		return pod, false
 	}
@@ -101,12 +113,50 @@ func (a *allocations) pod(pod *corev1.Pod) (*corev1.Pod, bool) {
 	return out, updated
 }
 
+// forget drops the pod's allocation (in memory only, as upstream's RemovePod:
+// the next write leaves it out) and its conditions.
 func (a *allocations) forget(uid types.UID) {
+	a.allocated.remove(uid)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	delete(a.allocated, uid)
 	delete(a.pending, uid)
 	delete(a.inProgress, uid)
+	delete(a.awaitingSources, uid)
+}
+
+// backfill takes the resize conditions the pod's status carries, as this
+// kubelet (before a restart) wrote them (BackfillPodResizeConditions): a resize
+// still pending is not announced again. Their times start anew.
+func (a *allocations) backfill(pod *corev1.Pod) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range pod.Status.Conditions {
+		switch c.Type {
+		case corev1.PodResizePending:
+			a.pending[pod.UID] = a.condition(c.Type, nil, c.Reason, c.Message, c.ObservedGeneration)
+		case corev1.PodResizeInProgress:
+			a.inProgress[pod.UID] = a.condition(c.Type, nil, c.Reason, c.Message, c.ObservedGeneration)
+		}
+	}
+}
+
+// awaitSources records that the pod's resize waits for the pod sources.
+func (a *allocations) awaitSources(uid types.UID) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.awaitingSources[uid] = struct{}{}
+}
+
+// takeAwaitingSources returns and forgets the pods awaiting the sources.
+func (a *allocations) takeAwaitingSources() []types.UID {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]types.UID, 0, len(a.awaitingSources))
+	for uid := range a.awaitingSources {
+		out = append(out, uid)
+	}
+	clear(a.awaitingSources)
+	return out
 }
 
 // condition builds a resize condition, keeping the old one's transition
@@ -219,6 +269,13 @@ func (m *podManager) handleResize(pod *corev1.Pod) *corev1.Pod {
 	if !differs {
 		m.alloc.clearPending(pod.UID)
 		return pod
+	}
+	if !m.sourcesReady() {
+		// As upstream, no resize is decided before every pod source has loaded
+		// (after a restart, pods not yet seen again would not count against the
+		// node). The pod runs with its allocation meanwhile.
+		m.alloc.awaitSources(pod.UID)
+		return allocated
 	}
 	reason, message, ok := m.fits(pod)
 	if ok {

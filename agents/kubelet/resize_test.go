@@ -27,7 +27,7 @@ func resizePod(cpu string, gen int64) *corev1.Pod {
 
 func TestAllocationsFollowOnlyAdmittedResizes(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
-	a := newAllocations(func() time.Time { return now })
+	a := newAllocations(func() time.Time { return now }, openResourceCheckpoint(t.TempDir(), allocatedPodsStateFile))
 	a.set(resizePod("100m", 1))
 
 	// The spec asks for more: the allocated pod still has the old value.
@@ -108,7 +108,8 @@ func TestPodCgroupConfigRead(t *testing.T) {
 func TestHandleResizeAdmitsAgainstAllocations(t *testing.T) {
 	ns, _, _ := newTestNode(t, fake.NewClientset(), &fakeRuntime{networkReady: true})
 	m := &podManager{cfg: podManagerConfig{node: ns}, pods: map[k8stypes.UID]*podEntry{},
-		alloc: newAllocations(time.Now), events: &eventAdapter{}}
+		alloc: newAllocations(time.Now, openResourceCheckpoint(t.TempDir(), allocatedPodsStateFile)), events: &eventAdapter{},
+		apiSynced: true, staticLoaded: true}
 	// Capacity: 3 CPUs. "big" was allocated 2 cpus; its spec now asks for 500m
 	// but that resize is not admitted yet, so 2 cpus still count.
 	big := podWith("big", "2", "")
@@ -162,4 +163,43 @@ func TestPodMemoryUsage(t *testing.T) {
 	assert.Equal(t, int64(1048576), used)
 	_, err = r.ContainerMemoryUsage(pod, "gone")
 	assert.ErrorContains(t, err, "gone")
+}
+
+// Right after a restart: no resize is decided before the pod sources have
+// loaded, and then a pod not yet admitted again counts with the allocation
+// its checkpoint holds.
+func TestHandleResizeAfterRestart(t *testing.T) {
+	ns, _, _ := newTestNode(t, fake.NewClientset(), &fakeRuntime{networkReady: true})
+	dir := t.TempDir()
+	before := newAllocations(time.Now, openResourceCheckpoint(dir, allocatedPodsStateFile))
+	big, small := podWith("big", "2", ""), podWith("small", "500m", "")
+	before.set(big)
+	before.set(small)
+
+	m := &podManager{cfg: podManagerConfig{node: ns}, pods: map[k8stypes.UID]*podEntry{},
+		alloc: newAllocations(time.Now, openResourceCheckpoint(dir, allocatedPodsStateFile)), events: &eventAdapter{}}
+	grown := podWith("small", "1500m", "")
+	grown.Generation = 2
+	grown.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodResizePending, Status: corev1.ConditionTrue, Reason: corev1.PodReasonDeferred, Message: "old", ObservedGeneration: 2}}
+	m.pods[small.UID] = &podEntry{pod: grown, admitted: true}
+	m.alloc.backfill(grown)
+
+	got := m.handleResize(grown)
+	q := got.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU]
+	assert.Equal(t, "500m", q.String(), "sources not loaded: the allocation holds")
+	assert.Equal(t, []k8stypes.UID{small.UID}, m.alloc.takeAwaitingSources())
+	conds := m.alloc.conditions(small.UID)
+	require.Len(t, conds, 1, "the backfilled condition")
+	assert.Equal(t, "old", conds[0].Message)
+
+	// big is known but its worker has not admitted it again yet: its 2 cpus count.
+	m.pods[big.UID] = &podEntry{pod: big}
+	m.apiSynced, m.staticLoaded = true, true
+	got = m.handleResize(grown)
+	q = got.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU]
+	assert.Equal(t, "500m", q.String())
+	conds = m.alloc.conditions(small.UID)
+	require.Len(t, conds, 1)
+	assert.Equal(t, corev1.PodReasonDeferred, conds[0].Reason)
+	assert.Equal(t, "Node didn't have enough resource: cpu, requested: 1500, used: 2000, capacity: 3000", conds[0].Message)
 }
