@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -225,5 +226,128 @@ func TestKubeletPodResize(t *testing.T) {
 		require.Equal(t, 0, code)
 		got = n.waitPod(t, "resize", 45*time.Second, "resize actuated once usage dropped (the worker retries a failed sync after 10s)", resized(6))
 		assert.Equal(t, strconv.Itoa(24<<20), cgroupFile(t, "memory", ctrCg(got, "app"), "memory.limit_in_bytes"))
+	})
+	t.Run("a Deferred resize stays Deferred across a kubelet restart (allocated_pods_state)", func(t *testing.T) {
+		cur, err := n.admin.CoreV1().Pods("default").Get(ctx, "resize", metav1.GetOptions{})
+		require.NoError(t, err)
+		require.True(t, allRunning(cur), "the pod runs before the restart")
+		var used int64
+		for _, cs := range cur.Status.ContainerStatuses {
+			q := cs.AllocatedResources[corev1.ResourceCPU]
+			used += q.MilliValue()
+		}
+		appCPU := statusOf(cur, "app").AllocatedResources[corev1.ResourceCPU]
+		node, err := n.admin.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+		require.NoError(t, err)
+		alloc := node.Status.Allocatable[corev1.ResourceCPU]
+		// The hog leaves 100m free; app asks for 200m more.
+		hogCPU := alloc.MilliValue() - used - 100
+		require.Positive(t, hogCPU, "allocatable %v, the pod uses %dm", alloc, used)
+		hog := busyboxPod("hog2", image, corev1.RestartPolicyAlways, "sleep 3600")
+		hog.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: *resource.NewMilliQuantity(hogCPU, resource.DecimalSI)}
+		n.createPod(t, hog)
+		n.waitPod(t, "hog2", 60*time.Second, "running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+
+		want := *resource.NewMilliQuantity(appCPU.MilliValue()+200, resource.DecimalSI)
+		appSpec := cur.Spec.Containers[0].Resources
+		require.Equal(t, "app", cur.Spec.Containers[0].Name)
+		memReq, memLim := appSpec.Requests[corev1.ResourceMemory], appSpec.Limits[corev1.ResourceMemory]
+		patched := resize(t, containers(res("app", want.String(), want.String(), memReq.String(), memLim.String())))
+		gen := patched.Generation
+		before := n.waitPod(t, "resize", 30*time.Second, "PodResizePending", func(p *corev1.Pod) bool {
+			c := resizeCondition(p, corev1.PodResizePending)
+			return c != nil && c.ObservedGeneration == gen
+		})
+		require.Equal(t, corev1.PodReasonDeferred, resizeCondition(before, corev1.PodResizePending).Reason)
+		files := map[string]string{}
+		for _, f := range []struct{ ctrl, file, cg string }{
+			{"cpu", "cpu.cfs_quota_us", ctrCg(before, "app")}, {"cpu", "cpu.shares", ctrCg(before, "app")},
+			{"memory", "memory.limit_in_bytes", ctrCg(before, "app")},
+			{"cpu", "cpu.cfs_quota_us", podCg}, {"cpu", "cpu.shares", podCg},
+		} {
+			files[f.cg+"/"+f.file] = cgroupFile(t, f.ctrl, f.cg, f.file)
+		}
+		assert.Equal(t, strconv.FormatInt(appCPU.MilliValue()*100, 10), files[ctrCg(before, "app")+"/cpu.cfs_quota_us"], "app runs with its allocation")
+
+		// The allocation is checkpointed in the kubelet's root dir, as upstream's.
+		root := n.dir + "/root"
+		allocatedCPU := func() string {
+			b, err := os.ReadFile(root + "/allocated_pods_state")
+			require.NoError(t, err, "allocated_pods_state in the root dir")
+			var f struct{ Data string }
+			require.NoError(t, json.Unmarshal(b, &f))
+			var d struct {
+				Entries map[string]struct {
+					ContainerResources map[string]corev1.ResourceRequirements
+				}
+			}
+			require.NoError(t, json.Unmarshal([]byte(f.Data), &d))
+			q := d.Entries[string(pod.UID)].ContainerResources["app"].Requests[corev1.ResourceCPU]
+			return q.String()
+		}
+		assert.Equal(t, appCPU.String(), allocatedCPU(), "the checkpoint holds the old allocation")
+		assert.FileExists(t, root+"/actuated_pods_state")
+
+		deferredEvents := func() int32 {
+			var count int32
+			for _, e := range n.events(t, "resize") {
+				if e.Reason == "ResizeDeferred" && strings.Contains(e.Message, fmt.Sprintf(`"generation":%d`, gen)) {
+					count += max(e.Count, 1)
+				}
+			}
+			return count
+		}
+		eventually(t, 10*time.Second, "a ResizeDeferred event", func() (bool, string) { return deferredEvents() > 0, "" })
+		deferredBefore := deferredEvents()
+
+		n.stopKubelet()
+		restarted := time.Now().Truncate(time.Second)
+		n.startKubelet(t)
+		n.waitReady(t, corev1.ConditionTrue, 60*time.Second)
+		// The restarted kubelet reports the pod again: its PodResizePending is
+		// backfilled from the status with a new transition time (the conditions live
+		// in memory, as upstream's status manager keeps them), or gone if the resize
+		// were (wrongly) taken as allocated.
+		n.waitPod(t, "resize", 60*time.Second, "the pod reported by the restarted kubelet", func(p *corev1.Pod) bool {
+			c := resizeCondition(p, corev1.PodResizePending)
+			return c == nil || !c.LastTransitionTime.Time.Before(restarted)
+		})
+		// A few more sync rounds to (wrongly) actuate anything.
+		time.Sleep(5 * time.Second)
+		after, err := n.admin.CoreV1().Pods("default").Get(ctx, "resize", metav1.GetOptions{})
+		require.NoError(t, err)
+
+		c := resizeCondition(after, corev1.PodResizePending)
+		require.NotNil(t, c, "still PodResizePending after the restart; conditions %+v", after.Status.Conditions)
+		assert.Equal(t, corev1.PodReasonDeferred, c.Reason)
+		assert.Contains(t, c.Message, "Node didn't have enough resource: cpu")
+		assert.Equal(t, gen, c.ObservedGeneration)
+		assert.Nil(t, resizeCondition(after, corev1.PodResizeInProgress))
+		got := statusOf(after, "app").AllocatedResources[corev1.ResourceCPU]
+		assert.True(t, appCPU.Equal(got), "allocatedResources keeps the old %v, got %v", appCPU, got)
+		for _, name := range []string{"app", "restarter"} {
+			b, a := statusOf(before, name), statusOf(after, name)
+			assert.Equal(t, b.ContainerID, a.ContainerID, "%s not restarted", name)
+			assert.Equal(t, b.RestartCount, a.RestartCount, "%s restart count", name)
+		}
+		for _, f := range []struct{ ctrl, file, cg string }{
+			{"cpu", "cpu.cfs_quota_us", ctrCg(after, "app")}, {"cpu", "cpu.shares", ctrCg(after, "app")},
+			{"memory", "memory.limit_in_bytes", ctrCg(after, "app")},
+			{"cpu", "cpu.cfs_quota_us", podCg}, {"cpu", "cpu.shares", podCg},
+		} {
+			assert.Equal(t, files[f.cg+"/"+f.file], cgroupFile(t, f.ctrl, f.cg, f.file), "%s of %s unchanged", f.file, f.cg)
+		}
+		assert.Equal(t, appCPU.String(), allocatedCPU())
+		assert.Equal(t, deferredBefore, deferredEvents(), "the pending resize is not announced again (its condition is backfilled from the status)")
+		hogNow, err := n.admin.CoreV1().Pods("default").Get(ctx, "hog2", metav1.GetOptions{})
+		require.NoError(t, err)
+		assert.Equal(t, corev1.PodRunning, hogNow.Status.Phase, "the hog keeps its place")
+
+		// The hog leaves: the pending resize is admitted and actuated.
+		require.NoError(t, n.admin.CoreV1().Pods("default").Delete(ctx, "hog2", metav1.DeleteOptions{}))
+		done := n.waitPod(t, "resize", 60*time.Second, "the pending resize actuated once the hog left", resized(gen))
+		assert.Equal(t, strconv.FormatInt(want.MilliValue()*100, 10), cgroupFile(t, "cpu", ctrCg(done, "app"), "cpu.cfs_quota_us"))
+		assert.Equal(t, statusOf(before, "app").ContainerID, statusOf(done, "app").ContainerID)
+		assert.Equal(t, want.String(), allocatedCPU())
 	})
 }
