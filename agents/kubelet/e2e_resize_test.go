@@ -350,4 +350,45 @@ func TestKubeletPodResize(t *testing.T) {
 		assert.Equal(t, statusOf(before, "app").ContainerID, statusOf(done, "app").ContainerID)
 		assert.Equal(t, want.String(), allocatedCPU())
 	})
+	t.Run("a resize refused by the runtime is retried, not taken as done, after a kubelet restart (actuated_pods_state)", func(t *testing.T) {
+		cur, err := n.admin.CoreV1().Pods("default").Get(ctx, "resize", metav1.GetOptions{})
+		require.NoError(t, err)
+		cpu := cur.Spec.Containers[0].Resources.Limits[corev1.ResourceCPU]
+		up := resize(t, containers(res("app", cpu.String(), cpu.String(), "32Mi", "128Mi")))
+		got := n.waitPod(t, "resize", 60*time.Second, "memory up", resized(up.Generation))
+		out, code := n.exec(t, got, "dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=40")
+		require.Equal(t, 0, code, out)
+		down := resize(t, containers(res("app", cpu.String(), cpu.String(), "16Mi", "24Mi")))
+		before := n.waitPod(t, "resize", 30*time.Second, "PodResizeInProgress Error", func(p *corev1.Pod) bool {
+			c := resizeCondition(p, corev1.PodResizeInProgress)
+			return c != nil && c.Reason == corev1.PodReasonError
+		})
+		limit := cgroupFile(t, "memory", ctrCg(before, "app"), "memory.limit_in_bytes")
+		require.Equal(t, strconv.Itoa(128<<20), limit)
+
+		n.stopKubelet()
+		restarted := time.Now().Truncate(time.Second)
+		n.startKubelet(t)
+		n.waitReady(t, corev1.ConditionTrue, 60*time.Second)
+		n.waitPod(t, "resize", 60*time.Second, "the pod reported by the restarted kubelet", func(p *corev1.Pod) bool {
+			c := resizeCondition(p, corev1.PodResizeInProgress)
+			return c == nil || !c.LastTransitionTime.Time.Before(restarted)
+		})
+		time.Sleep(5 * time.Second)
+		after, err := n.admin.CoreV1().Pods("default").Get(ctx, "resize", metav1.GetOptions{})
+		require.NoError(t, err)
+		c := resizeCondition(after, corev1.PodResizeInProgress)
+		require.NotNil(t, c, "the resize is still in progress after the restart; conditions %+v", after.Status.Conditions)
+		assert.Equal(t, corev1.PodReasonError, c.Reason)
+		assert.Contains(t, c.Message, "cannot decrease memory limits")
+		assert.Equal(t, down.Generation, c.ObservedGeneration)
+		assert.Equal(t, limit, cgroupFile(t, "memory", ctrCg(after, "app"), "memory.limit_in_bytes"), "nothing changed")
+		assert.Equal(t, statusOf(before, "app").ContainerID, statusOf(after, "app").ContainerID)
+		assert.Equal(t, statusOf(before, "app").RestartCount, statusOf(after, "app").RestartCount)
+
+		_, code = n.exec(t, after, "rm", "/dev/shm/fill")
+		require.Equal(t, 0, code)
+		done := n.waitPod(t, "resize", 45*time.Second, "resize actuated once usage dropped", resized(down.Generation))
+		assert.Equal(t, strconv.Itoa(24<<20), cgroupFile(t, "memory", ctrCg(done, "app"), "memory.limit_in_bytes"))
+	})
 }
