@@ -80,6 +80,9 @@ func (a *allocations) set(pod *corev1.Pod) {
 
 // has reports whether the pod has an allocation (HasPodAllocatedResources).
 func (a *allocations) has(uid types.UID) bool {
+	if a == nil {
+		return false
+	}
 	_, ok := a.allocated.containers(uid)
 	return ok
 }
