@@ -533,11 +533,24 @@ func (w *IPTables) payload(p *iptPlan, prev map[string][]string, stale []string,
 // jumps are the rules from the built-in chains into the writer's chains, as
 // kube-proxy installs them: table, built-in chain, rule spec as iptables-save prints it.
 func (w *IPTables) jumps() [][]string {
+	out := w.proxyJumps()
+	if w.localhostFirewall() {
+		// The kubelet's chain: jumped to without a comment, as the kubelet does.
+		for _, from := range []string{"INPUT", "OUTPUT"} {
+			out = append(out, []string{"filter", from, "-j " + w.chain("FIREWALL")})
+		}
+	}
+	return out
+}
+
+// proxyJumps are the jump rules into kube-proxy's own chains (jumps without the
+// kubelet's), which Cleanup deletes.
+func (w *IPTables) proxyJumps() [][]string {
 	const newConn = "-m conntrack --ctstate NEW "
 	j := func(table, from, to, comment, extra string) []string {
 		return []string{table, from, fmt.Sprintf("%s-m comment --comment %s -j %s", extra, quoteComment(comment), w.chain(to))}
 	}
-	out := [][]string{
+	return [][]string{
 		j("filter", "INPUT", "EXTERNAL-SERVICES", "kubernetes externally-visible service portals", newConn),
 		j("filter", "FORWARD", "EXTERNAL-SERVICES", "kubernetes externally-visible service portals", newConn),
 		j("filter", "INPUT", "NODEPORTS", "kubernetes health check service ports", ""),
@@ -551,13 +564,6 @@ func (w *IPTables) jumps() [][]string {
 		j("nat", "PREROUTING", "SERVICES", "kubernetes service portals", ""),
 		j("nat", "POSTROUTING", "POSTROUTING", "kubernetes postrouting rules", ""),
 	}
-	if w.localhostFirewall() {
-		// The kubelet's chain: jumped to without a comment, as the kubelet does.
-		for _, from := range []string{"INPUT", "OUTPUT"} {
-			out = append(out, []string{"filter", from, "-j " + w.chain("FIREWALL")})
-		}
-	}
-	return out
 }
 
 // localhostFirewall reports whether the writer keeps PREFIX-FIREWALL. Without
