@@ -102,6 +102,13 @@
 // (Trace). Partial syncs trust the writer's record of what it wrote; ForceFullSync
 // makes the next Sync rewrite everything and so repairs drift.
 //
+// # Cleanup
+//
+// Cleanup removes what the writer writes, as kube-proxy's CleanupLeftovers does
+// when it starts in another mode or runs with --cleanup: NFTables deletes its
+// table; IPTables deletes its jump rules, top-level chains and per-service chains
+// (one iptables-restore per table), leaving the kubelet's PREFIX-FIREWALL.
+//
 // # Sync: full, partial, atomic
 //
 // NFTables.Sync writes one nf_tables transaction, so it applies whole or not at all: a
