@@ -56,6 +56,8 @@ type options struct {
 	syncPeriod       time.Duration
 	minSyncPeriod    time.Duration
 	mode             string
+	// cleanupAndExit is --cleanup: remove the rules of every mode and exit.
+	cleanupAndExit bool
 
 	cfg *v1alpha1.KubeProxyConfiguration
 }
@@ -90,6 +92,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", nil, "A list of CIDR ranges and/or the keywords 'primary' and 'all'. NodePort services are only accessible on node IPs covered by the list. If unset, this defaults to 'all' in iptables mode and to 'primary' in nftables mode. This parameter is ignored if a config file is specified by --config.")
 	fs.DurationVar(&c.ConfigSyncPeriod.Duration, "config-sync-period", c.ConfigSyncPeriod.Duration, "How often configuration from the apiserver is refreshed. Must be greater than 0.")
 	fs.BoolVar(&c.EnableProfiling, "profiling", c.EnableProfiling, "If true enables profiling via web interface on /debug/pprof handler. This parameter is ignored if a config file is specified by --config.")
+	fs.BoolVar(&o.cleanupAndExit, "cleanup", false, "If true cleanup iptables and ipvs rules and exit.")
 	fs.StringVar(&o.netns, "netns", "", "nodekit: path of a network namespace (such as /proc/PID/ns/net or /run/netns/NAME) to write the rules and clean conntrack in. The API server is still reached from the process's own namespace. Empty: the process's own namespace.")
 	logsapi.AddFlags(&c.Logging, fs)
 }

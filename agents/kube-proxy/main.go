@@ -73,6 +73,17 @@ func run(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	ctx = klog.NewContext(ctx, logger)
+	// Upstream's Run: the other modes' leftover rules go before anything else
+	// starts. With --cleanup that is all; otherwise a failure is ignored, as
+	// upstream's best-effort cleanup (the writers logged what failed).
+	cleanupErr := platformCleanup(ctx, o)
+	if o.cleanupAndExit {
+		if cleanupErr != nil {
+			logger.Error(cleanupErr, "Error running ProxyServer")
+			return 1
+		}
+		return 0
+	}
 	if err := runAgent(ctx, o); err != nil {
 		logger.Error(err, "Error running ProxyServer")
 		return 1
