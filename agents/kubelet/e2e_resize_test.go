@@ -300,22 +300,7 @@ func TestKubeletPodResize(t *testing.T) {
 		eventually(t, 10*time.Second, "a ResizeDeferred event", func() (bool, string) { return deferredEvents() > 0, "" })
 		deferredBefore := deferredEvents()
 
-		n.stopKubelet()
-		restarted := time.Now().Truncate(time.Second)
-		n.startKubelet(t)
-		n.waitReady(t, corev1.ConditionTrue, 60*time.Second)
-		// The restarted kubelet reports the pod again: its PodResizePending is
-		// backfilled from the status with a new transition time (the conditions live
-		// in memory, as upstream's status manager keeps them), or gone if the resize
-		// were (wrongly) taken as allocated.
-		n.waitPod(t, "resize", 60*time.Second, "the pod reported by the restarted kubelet", func(p *corev1.Pod) bool {
-			c := resizeCondition(p, corev1.PodResizePending)
-			return c == nil || !c.LastTransitionTime.Time.Before(restarted)
-		})
-		// A few more sync rounds to (wrongly) actuate anything.
-		time.Sleep(5 * time.Second)
-		after, err := n.admin.CoreV1().Pods("default").Get(ctx, "resize", metav1.GetOptions{})
-		require.NoError(t, err)
+		after := restartKubeletAndRead(ctx, t, n, corev1.PodResizePending)
 
 		c := resizeCondition(after, corev1.PodResizePending)
 		require.NotNil(t, c, "still PodResizePending after the restart; conditions %+v", after.Status.Conditions)
@@ -366,17 +351,7 @@ func TestKubeletPodResize(t *testing.T) {
 		limit := cgroupFile(t, "memory", ctrCg(before, "app"), "memory.limit_in_bytes")
 		require.Equal(t, strconv.Itoa(128<<20), limit)
 
-		n.stopKubelet()
-		restarted := time.Now().Truncate(time.Second)
-		n.startKubelet(t)
-		n.waitReady(t, corev1.ConditionTrue, 60*time.Second)
-		n.waitPod(t, "resize", 60*time.Second, "the pod reported by the restarted kubelet", func(p *corev1.Pod) bool {
-			c := resizeCondition(p, corev1.PodResizeInProgress)
-			return c == nil || !c.LastTransitionTime.Time.Before(restarted)
-		})
-		time.Sleep(5 * time.Second)
-		after, err := n.admin.CoreV1().Pods("default").Get(ctx, "resize", metav1.GetOptions{})
-		require.NoError(t, err)
+		after := restartKubeletAndRead(ctx, t, n, corev1.PodResizeInProgress)
 		c := resizeCondition(after, corev1.PodResizeInProgress)
 		require.NotNil(t, c, "the resize is still in progress after the restart; conditions %+v", after.Status.Conditions)
 		assert.Equal(t, corev1.PodReasonError, c.Reason)
@@ -391,4 +366,25 @@ func TestKubeletPodResize(t *testing.T) {
 		done := n.waitPod(t, "resize", 45*time.Second, "resize actuated once usage dropped", resized(down.Generation))
 		assert.Equal(t, strconv.Itoa(24<<20), cgroupFile(t, "memory", ctrCg(done, "app"), "memory.limit_in_bytes"))
 	})
+}
+
+// restartKubeletAndRead restarts the node's kubelet, waits until it reports the
+// "resize" pod again (its resize condition of type cond backfilled from the status
+// with a new transition time, as the conditions live in memory as upstream's status
+// manager keeps them; or gone, if the restart wrongly took the resize as done),
+// gives it a few more sync rounds to (wrongly) actuate anything, and returns the pod.
+func restartKubeletAndRead(ctx context.Context, t *testing.T, n *testNode, cond corev1.PodConditionType) *corev1.Pod {
+	t.Helper()
+	n.stopKubelet()
+	restarted := time.Now().Truncate(time.Second)
+	n.startKubelet(t)
+	n.waitReady(t, corev1.ConditionTrue, 60*time.Second)
+	n.waitPod(t, "resize", 60*time.Second, "the pod reported by the restarted kubelet", func(p *corev1.Pod) bool {
+		c := resizeCondition(p, cond)
+		return c == nil || !c.LastTransitionTime.Time.Before(restarted)
+	})
+	time.Sleep(5 * time.Second)
+	after, err := n.admin.CoreV1().Pods("default").Get(ctx, "resize", metav1.GetOptions{})
+	require.NoError(t, err)
+	return after
 }
