@@ -234,12 +234,13 @@ func convertContainer(c *runtimeapi.ContainerStatus, view *PodView, runtimeName 
 	return st
 }
 
-// imageID is the runtime's image_id when it reports one (CRI 1.30+), else
-// image_ref, as toKubeContainerStatus picks it.
+// imageID is the API's containerStatuses[].imageID: the runtime's image_ref (the
+// image's digested reference), as convertToAPIContainerStatuses sets it. The
+// kubelet's own records take image_id (CRI 1.30+) first, but the API field has
+// always been the image_ref and upstream keeps it so; containerd 2.x reports the
+// two apart (image_id is the bare config digest), containerd 1.6 leaves image_id
+// empty.
 func imageID(c *runtimeapi.ContainerStatus) string {
-	if id := c.GetImageId(); id != "" {
-		return id
-	}
 	return c.GetImageRef()
 }
 

@@ -449,9 +449,12 @@ func TestPodStatusImageIDAndVolumeMounts(t *testing.T) {
 		}
 	})
 	v := view(ready(), cs{name: "app", id: "a", state: running})
+	// containerd 2.x reports both: the API's imageID is the image_ref, as upstream's
+	// convertToAPIContainerStatuses has it, not the bare image_id.
 	v.Containers[0].ImageId = "sha256:image-id"
+	v.Containers[0].ImageRef = "registry.k8s.io/pause@sha256:image-ref"
 	s := PodStatus(pod, v, StatusInput{Now: t0})
-	assert.Equal(t, "sha256:image-id", ctrStatus(t, s.ContainerStatuses, "app").ImageID, "image_id wins over image_ref")
+	assert.Equal(t, "registry.k8s.io/pause@sha256:image-ref", ctrStatus(t, s.ContainerStatuses, "app").ImageID, "image_ref, not image_id")
 	disabled := corev1.RecursiveReadOnlyDisabled
 	assert.Equal(t, []corev1.VolumeMountStatus{
 		{Name: "data", MountPath: "/data"},
