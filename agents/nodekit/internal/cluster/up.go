@@ -851,8 +851,13 @@ func poll(ctx context.Context, timeout, interval time.Duration, check func(conte
 }
 
 func (c *Cluster) startRuntimes(ctx context.Context) error {
+	// One look at the binary every node runs picks the configuration layout.
+	version, err := runContainerdVersion(ctx, c.st.containerdBinary("containerd"))
+	if err != nil {
+		return err
+	}
 	for i := range c.st.Nodes {
-		if err := c.startRuntime(ctx, &c.st.Nodes[i]); err != nil {
+		if err := c.startRuntime(ctx, &c.st.Nodes[i], version); err != nil {
 			return fmt.Errorf("node %s: %w", c.st.Nodes[i].Name, err)
 		}
 	}
@@ -896,62 +901,28 @@ func importImage(ctx context.Context, st *State, n Node, tar string) error {
 	return nil
 }
 
-func (c *Cluster) startRuntime(ctx context.Context, n *Node) error {
+func (c *Cluster) startRuntime(ctx context.Context, n *Node, version containerdVersion) error {
 	for _, d := range []string{"root", "state", "runc", "opt", "certs.d", "cni", "cni-ipam"} {
 		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
 			return err
 		}
 	}
-	q := strconv.Quote
-	sock := strings.TrimPrefix(n.Runtime, "unix://")
-	cri := `[plugins."io.containerd.grpc.v1.cri"`
-	// NRI is off: containerd 2.x turns it on with one socket for the whole machine
-	// (/var/run/nri/nri.sock), which every node's containerd would fight over, and
-	// nothing here uses it. containerd 1.6 has no such plugin and ignores the table.
-	// containerd looks for the shim on $PATH first: a containerd of its own gets
-	// its own shim by path. containerd 2.x reads this version 2 layout too,
-	// migrating it in memory (it logs one warning).
-	shimPath := ""
-	if c.cfg.ContainerdDir != "" {
-		shimPath = "\n    runtime_path = " + q(filepath.Join(c.cfg.ContainerdDir, "containerd-shim-runc-v2"))
+	rc := runtimeConfig{
+		Root:          filepath.Join(n.Dir, "root"),
+		State:         filepath.Join(n.Dir, "state"),
+		Socket:        strings.TrimPrefix(n.Runtime, "unix://"),
+		Opt:           filepath.Join(n.Dir, "opt"),
+		SandboxImage:  c.images.Pause,
+		StreamAddress: n.IP,
+		RuncRoot:      filepath.Join(n.Dir, "runc"),
+		CNIBinDir:     cniBinDir,
+		CNIConfDir:    n.CNIConfig,
+		CertsDir:      filepath.Join(n.Dir, "certs.d"),
 	}
-	conf := fmt.Sprintf(`version = 2
-root = %s
-state = %s
-[grpc]
-  address = %s
-[ttrpc]
-  address = %s
-[plugins]
-  [plugins."io.containerd.internal.v1.opt"]
-    path = %s
-  [plugins."io.containerd.nri.v1.nri"]
-    disable = true
-  %s]
-    sandbox_image = %s
-    stream_server_address = %s
-    stream_server_port = "0"
-    disable_apparmor = true
-    restrict_oom_score_adj = true
-    netns_mounts_under_state_dir = true
-    enable_selinux = false
-  %s.containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-  %s.containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"%s
-  %s.containerd.runtimes.runc.options]
-    SystemdCgroup = false
-    Root = %s
-  %s.cni]
-    bin_dir = %s
-    conf_dir = %s
-    max_conf_num = 1
-  %s.registry]
-    config_path = %s
-`, q(filepath.Join(n.Dir, "root")), q(filepath.Join(n.Dir, "state")), q(sock), q(sock+".ttrpc"),
-		q(filepath.Join(n.Dir, "opt")), cri, q(c.images.Pause), q(n.IP), cri, cri, shimPath, cri, q(filepath.Join(n.Dir, "runc")),
-		cri, q(cniBinDir), q(n.CNIConfig), cri, q(filepath.Join(n.Dir, "certs.d")))
+	if c.cfg.ContainerdDir != "" {
+		rc.Shim = filepath.Join(c.cfg.ContainerdDir, "containerd-shim-runc-v2")
+	}
+	conf := rc.render(version)
 	if err := os.WriteFile(filepath.Join(n.Dir, "containerd.toml"), []byte(conf), 0o644); err != nil {
 		return err
 	}
