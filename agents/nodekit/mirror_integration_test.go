@@ -160,12 +160,82 @@ func variantImage(t *testing.T, src, name string) (string, string, string, strin
 	return dst, "sha256:" + sum(manBytes), "sha256:" + sum(cfgBytes), "sha256:" + sum(layer)
 }
 
+// hostDeprecations are the containerd deprecation warnings this machine causes whatever
+// the configuration says: cgroup v1 (containerd 2.2 and later warn about it), as a
+// containerd 2 installed on the machine itself would report.
+func hostDeprecations() map[string]bool {
+	dep := map[string]bool{}
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err != nil {
+		dep["io.containerd.deprecation/cgroup-v1"] = true
+	}
+	return dep
+}
+
+// assertContainerdConfigCurrent: the node's containerd read its configuration as
+// written (no "Configuration migrated from version N" at start: up writes the
+// layout of the containerd it runs), and neither `ctr deprecations list` nor the CRI
+// runtime condition ContainerdHasNoDeprecationWarnings reports anything the machine
+// itself does not cause.
+func assertContainerdConfigCurrent(t *testing.T, st *cluster.State, stateDir, crictl string, n cluster.Node) {
+	t.Helper()
+	log, err := os.ReadFile(filepath.Join(stateDir, "logs", n.Name+"-containerd.log"))
+	require.NoError(t, err)
+	var migrated []string
+	for line := range strings.Lines(string(log)) {
+		if strings.Contains(line, "Configuration migrated from version") {
+			migrated = append(migrated, strings.TrimSpace(line))
+		}
+	}
+	assert.Empty(t, migrated, "node %s: containerd migrated the configuration up wrote", n.Name)
+	if st.ContainerdDir == "" {
+		return // the machine's containerd 1.6: no deprecations service
+	}
+	host := hostDeprecations()
+	ctr := filepath.Join(st.ContainerdDir, "ctr")
+	out, err := exec.Command(ctr, "--address", strings.TrimPrefix(n.Runtime, "unix://"), "deprecations", "list", "--format", "json").CombinedOutput()
+	require.NoError(t, err, "ctr deprecations list: %s", out)
+	var warnings []struct {
+		ID      string `json:"id"`
+		Message string `json:"message"`
+	}
+	require.NoError(t, json.Unmarshal(out, &warnings), "%s", out)
+	for _, w := range warnings {
+		assert.True(t, host[w.ID], "node %s: containerd deprecation %s: %s", n.Name, w.ID, w.Message)
+	}
+
+	info, err := exec.Command("nsenter", "--net=/var/run/netns/"+n.NetNS, crictl, "--config", filepath.Join(n.Dir, "crictl.yaml"), "info").Output()
+	require.NoError(t, err, "crictl info")
+	var status struct {
+		Status struct {
+			Conditions []struct {
+				Type    string `json:"type"`
+				Status  bool   `json:"status"`
+				Message string `json:"message"`
+			} `json:"conditions"`
+		} `json:"status"`
+	}
+	require.NoError(t, json.Unmarshal(info, &status), "%s", info)
+	for _, c := range status.Status.Conditions {
+		if c.Type != "ContainerdHasNoDeprecationWarnings" || c.Status {
+			continue
+		}
+		// The message is a JSON object of the deprecation IDs and their texts.
+		var ids map[string]string
+		require.NoError(t, json.Unmarshal([]byte(c.Message), &ids), "%s", c.Message)
+		for id := range ids {
+			assert.True(t, host[id], "node %s: CRI condition ContainerdHasNoDeprecationWarnings=false for %s", n.Name, id)
+		}
+	}
+}
+
 // TestUpRegistryMirror: on a two-node cluster, pods with imagePullPolicy: Always reach
 // Running on every node through the mirror, for an image up imported and for one
 // `nodekit load` added afterwards under a registry.k8s.io name; the pulled image keeps
 // the loaded digest and nothing is downloaded again; a tag nobody loaded fails at once
 // with the registry's "not found" (ErrImagePull), not a timeout. An image removed from
 // one node's containerd is downloaded from the mirror again, with the same image ID.
+// Each node's containerd read the configuration up wrote as it is, with no deprecation
+// warning the machine does not cause (assertContainerdConfigCurrent).
 func TestUpRegistryMirror(t *testing.T) {
 	peers, images, crictl := upEnv(t)
 	kubelet := agentBinary(t, "kubelet")
@@ -290,6 +360,9 @@ func TestUpRegistryMirror(t *testing.T) {
 	require.NoError(t, err, "%s", b)
 	assert.Equal(t, variantName, string(b), "the downloaded layer is in the container's root")
 	t.Logf("mirror log:\n%s", mirrorLog)
+	for _, n := range st.Nodes {
+		assertContainerdConfigCurrent(t, st, stateDir, crictl, n)
+	}
 
 	_, stderr, code = nodekit(t, nil, "down", "--state-dir", stateDir)
 	require.Equal(t, 0, code, stderr)
