@@ -297,7 +297,8 @@ func runtimeVersion(t *testing.T, c *containerd.Containerd) string {
 }
 
 // Two containerd 2.x side by side, as nodekit up's nodes and parallel tests run them:
-// each serves CRI and runs a container, and neither takes the machine-wide NRI socket.
+// each serves CRI and runs a container, and neither takes the machine-wide NRI socket
+// nor migrates its configuration.
 func TestV2SideBySide(t *testing.T) {
 	testenv.RequireLong(t)
 	dir := containerd.V2Dir(t)
@@ -312,6 +313,12 @@ func TestV2SideBySide(t *testing.T) {
 		out, err := imageMountContainer(ctx, t, c, fmt.Sprintf("side-%d", i), "")
 		require.NoError(t, err, "containerd %d", i)
 		assert.Contains(t, strings.Fields(out), "bin", "containerd %d ran a container", i)
+		// The configuration is in the layout this containerd reads as written.
+		log, err := os.ReadFile(c.LogPath())
+		require.NoError(t, err)
+		for line := range strings.Lines(string(log)) {
+			assert.NotContains(t, line, "Configuration migrated from version", "containerd %d", i)
+		}
 	}
 	nriAfter, errAfter := os.Stat("/var/run/nri/nri.sock")
 	if errBefore != nil {
