@@ -58,6 +58,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/nodekit-dev/nodekit/internal/containerdconf"
 	"github.com/nodekit-dev/nodekit/internal/testenv"
 )
 
@@ -123,9 +124,8 @@ type Containerd struct {
 	address string
 	proc    *testenv.Process
 	images  images
-	// major and minor are bin's version (`containerd --version`): they pick the
-	// configuration layout.
-	major, minor int
+	// version is bin's (`containerd --version`): it picks the configuration layout.
+	version containerdconf.Version
 
 	bridge string
 	subnet *net.IPNet
@@ -183,9 +183,11 @@ func Start(tb testing.TB, opts Options) *Containerd {
 		testenv.LookPath(tb, "skopeo")
 	}
 	c.images = loadImages(tb)
-	if err := c.readVersion(); err != nil {
+	version, err := containerdconf.BinaryVersion(context.Background(), c.bin)
+	if err != nil {
 		tb.Fatalf("containerd: %v", err)
 	}
+	c.version = version
 
 	// A short path: unix socket paths are limited to 108 bytes.
 	dir, err := os.MkdirTemp("", "nkctd-")
@@ -393,105 +395,23 @@ func loadImages(tb testing.TB) images {
 	return im
 }
 
-// readVersion runs `containerd --version`: "containerd github.com/containerd/containerd/v2
-// v2.4.2 <commit>", or Debian's "containerd github.com/containerd/containerd 1.6.20~ds1 ...".
-func (c *Containerd) readVersion() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, c.bin, "--version").Output()
-	if err != nil {
-		return fmt.Errorf("%s --version: %w", c.bin, err)
-	}
-	f := strings.Fields(string(out))
-	var parts []string
-	if len(f) >= 3 && f[0] == "containerd" {
-		parts = strings.SplitN(strings.TrimPrefix(f[2], "v"), ".", 3)
-	}
-	var errMajor, errMinor error
-	if len(parts) >= 2 {
-		c.major, errMajor = strconv.Atoi(parts[0])
-		c.minor, errMinor = strconv.Atoi(parts[1])
-	}
-	if len(parts) < 2 || errMajor != nil || errMinor != nil {
-		return fmt.Errorf("%s --version: unexpected output %q", c.bin, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// configVersion is the newest configuration layout this containerd reads as written
-// (containerd migrates an older one at every start and logs a warning): 2 for 1.x, 3
-// for 2.0 to 2.2 (the CRI plugin split into cri.v1.runtime and cri.v1.images), 4 from
-// 2.3 (the socket addresses in the server plugins). nodekit up picks it the same way.
-func (c *Containerd) configVersion() int {
-	switch {
-	case c.major > 2 || c.major == 2 && c.minor >= 3:
-		return 4
-	case c.major == 2:
-		return 3
-	default:
-		return 2
-	}
-}
-
 func (c *Containerd) writeConfig() error {
-	var b strings.Builder
-	q := strconv.Quote
-	version := c.configVersion()
-	fmt.Fprintf(&b, "version = %d\nroot = %s\nstate = %s\n", version, q(filepath.Join(c.dir, "root")), q(filepath.Join(c.dir, "state")))
-	if version < 4 {
-		fmt.Fprintf(&b, "[grpc]\n  address = %s\n", q(c.address))
-		fmt.Fprintf(&b, "[ttrpc]\n  address = %s\n", q(c.address+".ttrpc"))
-	}
-	b.WriteString("[plugins]\n")
-	if version >= 4 {
-		fmt.Fprintf(&b, "  [plugins.\"io.containerd.server.v1.grpc\"]\n    address = %s\n", q(c.address))
-		fmt.Fprintf(&b, "  [plugins.\"io.containerd.server.v1.ttrpc\"]\n    address = %s\n", q(c.address+".ttrpc"))
-	}
-	// The opt plugin would otherwise write to /opt/containerd.
-	fmt.Fprintf(&b, "  [plugins.\"io.containerd.internal.v1.opt\"]\n    path = %s\n", q(filepath.Join(c.dir, "opt")))
 	// containerd 2.x serves NRI on one machine-wide socket by default; tests run
-	// several containerds at once, and none uses NRI (1.6 ignores the table).
-	b.WriteString("  [plugins.\"io.containerd.nri.v1.nri\"]\n    disable = true\n")
-	// Version 2 has every CRI setting in grpc.v1.cri; from version 3 it keeps the
-	// streaming server, cri.v1.images the image settings and cri.v1.runtime the rest.
-	cri := `plugins."io.containerd.grpc.v1.cri"`
-	if version >= 3 {
-		const images = `plugins."io.containerd.cri.v1.images"`
-		fmt.Fprintf(&b, "  [%s]\n    stream_server_address = \"127.0.0.1\"\n    stream_server_port = \"0\"\n", cri)
-		fmt.Fprintf(&b, "  [%s]\n    snapshotter = \"overlayfs\"\n", images)
-		fmt.Fprintf(&b, "  [%s.pinned_images]\n    sandbox = %s\n", images, q(c.images.pause))
-		fmt.Fprintf(&b, "  [%s.registry]\n    config_path = %s\n", images, q(filepath.Join(c.dir, "certs.d")))
-		cri = `plugins."io.containerd.cri.v1.runtime"`
-		fmt.Fprintf(&b, "  [%s]\n", cri)
-	} else {
-		fmt.Fprintf(&b, "  [%s]\n    sandbox_image = %s\n", cri, q(c.images.pause))
-		b.WriteString("    stream_server_address = \"127.0.0.1\"\n    stream_server_port = \"0\"\n")
-	}
-	b.WriteString("    disable_apparmor = true\n    restrict_oom_score_adj = true\n")
-	b.WriteString("    netns_mounts_under_state_dir = true\n    enable_selinux = false\n")
-	fmt.Fprintf(&b, "  [%s.containerd]\n", cri)
-	if version < 3 {
-		b.WriteString("    snapshotter = \"overlayfs\"\n")
-	}
-	b.WriteString("    default_runtime_name = \"runc\"\n")
-	fmt.Fprintf(&b, "  [%s.containerd.runtimes.runc]\n    runtime_type = \"io.containerd.runc.v2\"\n", cri)
-	if c.shim != "" {
+	// several containerds at once, and none uses NRI: the file turns it off.
+	conf := containerdconf.Config{
+		Root:          filepath.Join(c.dir, "root"),
+		State:         filepath.Join(c.dir, "state"),
+		Socket:        c.address,
+		Opt:           filepath.Join(c.dir, "opt"),
+		SandboxImage:  c.images.pause,
+		StreamAddress: "127.0.0.1",
 		// containerd looks on $PATH first, where Debian's 1.6 shim is.
-		fmt.Fprintf(&b, "    runtime_path = %s\n", q(c.shim))
-	}
-	fmt.Fprintf(&b, "  [%s.containerd.runtimes.runc.options]\n    SystemdCgroup = false\n    Root = %s\n",
-		cri, q(filepath.Join(c.dir, "runc")))
-	fmt.Fprintf(&b, "  [%s.cni]\n", cri)
-	if c.major > 2 || c.major == 2 && c.minor >= 1 {
-		// bin_dirs came in 2.1; 2.4 reads only it in a version 3 or 4 file.
-		fmt.Fprintf(&b, "    bin_dirs = [%s]\n", q(cniBinDir))
-	} else {
-		fmt.Fprintf(&b, "    bin_dir = %s\n", q(cniBinDir))
-	}
-	fmt.Fprintf(&b, "    conf_dir = %s\n    max_conf_num = 1\n", q(filepath.Join(c.dir, "cni")))
-	if version < 3 {
-		fmt.Fprintf(&b, "  [%s.registry]\n    config_path = %s\n", cri, q(filepath.Join(c.dir, "certs.d")))
-	}
+		Shim:       c.shim,
+		RuncRoot:   filepath.Join(c.dir, "runc"),
+		CNIBinDir:  cniBinDir,
+		CNIConfDir: filepath.Join(c.dir, "cni"),
+		CertsDir:   filepath.Join(c.dir, "certs.d"),
+	}.Render(c.version)
 	for _, d := range []string{"cni", "certs.d", "runc", "opt"} {
 		if err := os.MkdirAll(filepath.Join(c.dir, d), 0o755); err != nil {
 			return err
@@ -502,7 +422,7 @@ func (c *Containerd) writeConfig() error {
 		return err
 	}
 	c.config = filepath.Join(c.dir, "config.toml")
-	return os.WriteFile(c.config, []byte(b.String()), 0o644)
+	return os.WriteFile(c.config, []byte(conf), 0o644)
 }
 
 // Subnets come from 10.222.0.0/16, one /24 per run. An flock on a file per /24 keeps

@@ -29,6 +29,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/nodekit-dev/nodekit/internal/containerdconf"
 )
 
 // Fixed addressing inside the cluster's own namespaces (nothing here is visible on the
@@ -852,7 +854,7 @@ func poll(ctx context.Context, timeout, interval time.Duration, check func(conte
 
 func (c *Cluster) startRuntimes(ctx context.Context) error {
 	// One look at the binary every node runs picks the configuration layout.
-	version, err := runContainerdVersion(ctx, c.st.containerdBinary("containerd"))
+	version, err := containerdconf.BinaryVersion(ctx, c.st.containerdBinary("containerd"))
 	if err != nil {
 		return err
 	}
@@ -901,13 +903,13 @@ func importImage(ctx context.Context, st *State, n Node, tar string) error {
 	return nil
 }
 
-func (c *Cluster) startRuntime(ctx context.Context, n *Node, version containerdVersion) error {
+func (c *Cluster) startRuntime(ctx context.Context, n *Node, version containerdconf.Version) error {
 	for _, d := range []string{"root", "state", "runc", "opt", "certs.d", "cni", "cni-ipam"} {
 		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
 			return err
 		}
 	}
-	rc := runtimeConfig{
+	rc := containerdconf.Config{
 		Root:          filepath.Join(n.Dir, "root"),
 		State:         filepath.Join(n.Dir, "state"),
 		Socket:        strings.TrimPrefix(n.Runtime, "unix://"),
@@ -922,7 +924,7 @@ func (c *Cluster) startRuntime(ctx context.Context, n *Node, version containerdV
 	if c.cfg.ContainerdDir != "" {
 		rc.Shim = filepath.Join(c.cfg.ContainerdDir, "containerd-shim-runc-v2")
 	}
-	conf := rc.render(version)
+	conf := rc.Render(version)
 	if err := os.WriteFile(filepath.Join(n.Dir, "containerd.toml"), []byte(conf), 0o644); err != nil {
 		return err
 	}

@@ -1,4 +1,9 @@
-package cluster
+// Package containerdconf writes a containerd configuration file in the layout the
+// containerd that reads it expects: version 2 for containerd 1.x, 3 for 2.0 to 2.2
+// and 4 from 2.3, with the same settings in each, so a containerd 2.x does not
+// migrate its configuration at every start. `nodekit up` writes its nodes' files
+// with it, and the test harness its containerds'.
+package containerdconf
 
 import (
 	"context"
@@ -9,8 +14,8 @@ import (
 	"time"
 )
 
-// runtimeConfig is what a node's containerd configuration says, whatever its layout.
-type runtimeConfig struct {
+// Config is what a containerd configuration says, whatever its layout.
+type Config struct {
 	Root, State string
 	// Socket is the gRPC socket's path; the ttrpc socket is Socket+".ttrpc".
 	Socket string
@@ -27,70 +32,71 @@ type runtimeConfig struct {
 	CertsDir string
 }
 
-// containerdVersion is the major and minor version of a containerd binary.
-type containerdVersion struct{ Major, Minor int }
+// Version is the major and minor version of a containerd binary.
+type Version struct{ Major, Minor int }
 
-func (v containerdVersion) atLeast(major, minor int) bool {
+// AtLeast tells whether v is major.minor or later.
+func (v Version) AtLeast(major, minor int) bool {
 	return v.Major > major || v.Major == major && v.Minor >= minor
 }
 
-// configVersion is the newest configuration layout v reads as written: 2 (containerd
+// ConfigVersion is the newest configuration layout v reads as written: 2 (containerd
 // 1.3 and later), 3 (2.0: the CRI plugin split into cri.v1.runtime and cri.v1.images,
 // the grpc.v1.cri plugin keeping the streaming server) or 4 (2.3: the socket
 // addresses moved from [grpc] and [ttrpc] into the server plugins). containerd
 // migrates an older layout in memory at every start and logs a warning.
-func (v containerdVersion) configVersion() int {
+func (v Version) ConfigVersion() int {
 	switch {
-	case v.atLeast(2, 3):
+	case v.AtLeast(2, 3):
 		return 4
-	case v.atLeast(2, 0):
+	case v.AtLeast(2, 0):
 		return 3
 	default:
 		return 2
 	}
 }
 
-// parseContainerdVersion reads the version out of `containerd --version`:
+// ParseVersion reads the version out of `containerd --version`:
 // "containerd github.com/containerd/containerd/v2 v2.4.2 <commit>", or Debian's
 // "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3".
-func parseContainerdVersion(out string) (containerdVersion, error) {
+func ParseVersion(out string) (Version, error) {
 	f := strings.Fields(out)
 	if len(f) < 3 || f[0] != "containerd" {
-		return containerdVersion{}, fmt.Errorf("unexpected version output %q", strings.TrimSpace(out))
+		return Version{}, fmt.Errorf("unexpected version output %q", strings.TrimSpace(out))
 	}
 	parts := strings.SplitN(strings.TrimPrefix(f[2], "v"), ".", 3)
-	var v containerdVersion
+	var v Version
 	var errMajor, errMinor error
 	if len(parts) >= 2 {
 		v.Major, errMajor = strconv.Atoi(parts[0])
 		v.Minor, errMinor = strconv.Atoi(parts[1])
 	}
 	if len(parts) < 2 || errMajor != nil || errMinor != nil {
-		return containerdVersion{}, fmt.Errorf("unexpected version %q in %q", f[2], strings.TrimSpace(out))
+		return Version{}, fmt.Errorf("unexpected version %q in %q", f[2], strings.TrimSpace(out))
 	}
 	return v, nil
 }
 
-// runContainerdVersion runs `bin --version` and parses what it prints.
-func runContainerdVersion(ctx context.Context, bin string) (containerdVersion, error) {
+// BinaryVersion runs `bin --version` and parses what it prints.
+func BinaryVersion(ctx context.Context, bin string) (Version, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, bin, "--version").Output()
 	if err != nil {
-		return containerdVersion{}, fmt.Errorf("%s --version: %w", bin, err)
+		return Version{}, fmt.Errorf("%s --version: %w", bin, err)
 	}
-	v, err := parseContainerdVersion(string(out))
+	v, err := ParseVersion(string(out))
 	if err != nil {
-		return containerdVersion{}, fmt.Errorf("%s --version: %w", bin, err)
+		return Version{}, fmt.Errorf("%s --version: %w", bin, err)
 	}
 	return v, nil
 }
 
-// render writes the configuration for a containerd of version v, in the newest layout
+// Render writes the configuration for a containerd of version v, in the newest layout
 // it reads. Every layout holds the same settings: containerd 2.x reading the version
 // 2 file migrates it to what the version 3 and 4 files say.
-func (rc runtimeConfig) render(v containerdVersion) string {
-	version := v.configVersion()
+func (rc Config) Render(v Version) string {
+	version := v.ConfigVersion()
 	q := strconv.Quote
 	var b strings.Builder
 	fmt.Fprintf(&b, "version = %d\nroot = %s\nstate = %s\n", version, q(rc.Root), q(rc.State))
@@ -138,7 +144,7 @@ func (rc runtimeConfig) render(v containerdVersion) string {
 	}
 	fmt.Fprintf(&b, "  [%s.containerd.runtimes.runc.options]\n    SystemdCgroup = false\n    Root = %s\n", runtime, q(rc.RuncRoot))
 	fmt.Fprintf(&b, "  [%s.cni]\n", runtime)
-	if v.atLeast(2, 1) {
+	if v.AtLeast(2, 1) {
 		// bin_dirs came in 2.1; 2.4 reads only it in a version 3 or 4 file.
 		fmt.Fprintf(&b, "    bin_dirs = [%s]\n", q(rc.CNIBinDir))
 	} else {

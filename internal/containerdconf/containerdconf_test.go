@@ -1,4 +1,4 @@
-package cluster
+package containerdconf_test
 
 import (
 	"bytes"
@@ -14,29 +14,30 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nodekit-dev/nodekit/internal/containerdconf"
 	"github.com/nodekit-dev/nodekit/internal/testenv/containerd"
 )
 
 func TestParseContainerdVersion(t *testing.T) {
 	for _, tc := range []struct {
 		out    string
-		want   containerdVersion
+		want   containerdconf.Version
 		layout int
 	}{
-		{"containerd github.com/containerd/containerd/v2 v2.4.2 \n", containerdVersion{2, 4}, 4},
-		{"containerd github.com/containerd/containerd/v2 v2.3.0 abc\n", containerdVersion{2, 3}, 4},
-		{"containerd github.com/containerd/containerd/v2 v2.1.4 abc\n", containerdVersion{2, 1}, 3},
-		{"containerd github.com/containerd/containerd/v2 v2.0.0 abc\n", containerdVersion{2, 0}, 3},
-		{"containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3\n", containerdVersion{1, 6}, 2},
-		{"containerd containerd.io 1.7.27 05044ec0a9a75232cad458027ca83437aae3f4da\n", containerdVersion{1, 7}, 2},
+		{"containerd github.com/containerd/containerd/v2 v2.4.2 \n", containerdconf.Version{2, 4}, 4},
+		{"containerd github.com/containerd/containerd/v2 v2.3.0 abc\n", containerdconf.Version{2, 3}, 4},
+		{"containerd github.com/containerd/containerd/v2 v2.1.4 abc\n", containerdconf.Version{2, 1}, 3},
+		{"containerd github.com/containerd/containerd/v2 v2.0.0 abc\n", containerdconf.Version{2, 0}, 3},
+		{"containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3\n", containerdconf.Version{1, 6}, 2},
+		{"containerd containerd.io 1.7.27 05044ec0a9a75232cad458027ca83437aae3f4da\n", containerdconf.Version{1, 7}, 2},
 	} {
-		v, err := parseContainerdVersion(tc.out)
+		v, err := containerdconf.ParseVersion(tc.out)
 		require.NoError(t, err, tc.out)
 		assert.Equal(t, tc.want, v, tc.out)
-		assert.Equal(t, tc.layout, v.configVersion(), tc.out)
+		assert.Equal(t, tc.layout, v.ConfigVersion(), tc.out)
 	}
 	for _, bad := range []string{"", "runc version 1.1.5\n", "containerd x\n", "containerd x vtwo.4\n", "containerd x 2\n"} {
-		_, err := parseContainerdVersion(bad)
+		_, err := containerdconf.ParseVersion(bad)
 		assert.Error(t, err, "%q", bad)
 	}
 }
@@ -44,18 +45,18 @@ func TestParseContainerdVersion(t *testing.T) {
 func TestRunContainerdVersionNamesTheBinary(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "containerd")
 	require.NoError(t, os.WriteFile(bin, []byte("#!/bin/sh\necho not a version\n"), 0o755))
-	_, err := runContainerdVersion(context.Background(), bin)
+	_, err := containerdconf.BinaryVersion(context.Background(), bin)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), bin+" --version")
 
 	missing := filepath.Join(t.TempDir(), "containerd")
-	_, err = runContainerdVersion(context.Background(), missing)
+	_, err = containerdconf.BinaryVersion(context.Background(), missing)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), missing+" --version")
 }
 
-func testRuntimeConfig(dir string) runtimeConfig {
-	return runtimeConfig{
+func testRuntimeConfig(dir string) containerdconf.Config {
+	return containerdconf.Config{
 		Root:          filepath.Join(dir, "root"),
 		State:         filepath.Join(dir, "state"),
 		Socket:        filepath.Join(dir, "containerd.sock"),
@@ -129,7 +130,7 @@ func v3Key(key string, layout int) string {
 func TestRenderContainerdConfig(t *testing.T) {
 	rc := testRuntimeConfig("/n")
 	cri := `plugins."io.containerd.grpc.v1.cri"`
-	v2 := settings(t, rc.render(containerdVersion{1, 6}))
+	v2 := settings(t, rc.Render(containerdconf.Version{1, 6}))
 	assert.Equal(t, map[string]string{
 		"version":       "2",
 		"root":          `"/n/root"`,
@@ -158,16 +159,16 @@ func TestRenderContainerdConfig(t *testing.T) {
 	}, v2)
 
 	for _, tc := range []struct {
-		v      containerdVersion
+		v      containerdconf.Version
 		layout int
-	}{{containerdVersion{2, 0}, 3}, {containerdVersion{2, 2}, 3}, {containerdVersion{2, 4}, 4}} {
-		got := settings(t, rc.render(tc.v))
+	}{{containerdconf.Version{2, 0}, 3}, {containerdconf.Version{2, 2}, 3}, {containerdconf.Version{2, 4}, 4}} {
+		got := settings(t, rc.Render(tc.v))
 		// Every setting of the version 2 file, where this layout keeps it.
 		want := map[string]string{}
 		for k, val := range v2 {
 			k2 := v3Key(k, tc.layout)
 			if k2 == `plugins."io.containerd.cri.v1.runtime".cni.bin_dirs` {
-				if !tc.v.atLeast(2, 1) {
+				if !tc.v.AtLeast(2, 1) {
 					k2 = `plugins."io.containerd.cri.v1.runtime".cni.bin_dir`
 				} else {
 					val = "[" + val + "]"
@@ -181,8 +182,8 @@ func TestRenderContainerdConfig(t *testing.T) {
 
 	// Without a shim of its own, containerd finds the one on $PATH.
 	rc.Shim = ""
-	assert.NotContains(t, rc.render(containerdVersion{1, 6}), "runtime_path")
-	assert.NotContains(t, rc.render(containerdVersion{2, 4}), "runtime_path")
+	assert.NotContains(t, rc.Render(containerdconf.Version{1, 6}), "runtime_path")
+	assert.NotContains(t, rc.Render(containerdconf.Version{2, 4}), "runtime_path")
 }
 
 // TestContainerdConfigDumpsAlike asks containerd 2.x itself: the configuration it
@@ -193,7 +194,7 @@ func TestContainerdConfigDumpsAlike(t *testing.T) {
 	bin := filepath.Join(containerd.V2Dir(t), "containerd")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	v, err := runContainerdVersion(ctx, bin)
+	v, err := containerdconf.BinaryVersion(ctx, bin)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, v.Major, 2, "%s is not containerd 2.x", bin)
 
@@ -208,14 +209,14 @@ func TestContainerdConfigDumpsAlike(t *testing.T) {
 		require.NoError(t, cmd.Run(), stderr.String())
 		return stdout.String(), stderr.String()
 	}
-	old, oldLog := dump("v2.toml", rc.render(containerdVersion{1, 6}))
-	own, ownLog := dump("own.toml", rc.render(v))
+	old, oldLog := dump("v2.toml", rc.Render(containerdconf.Version{1, 6}))
+	own, ownLog := dump("own.toml", rc.Render(v))
 	assert.Contains(t, oldLog, "Configuration migrated from version 2")
 	assert.NotContains(t, ownLog, "Configuration migrated")
 	assert.Equal(t, old, own)
-	if v.configVersion() > 3 {
+	if v.ConfigVersion() > 3 {
 		// The version 3 layout (containerd 2.0 to 2.2) says the same too.
-		v3, v3Log := dump("v3.toml", rc.render(containerdVersion{2, 2}))
+		v3, v3Log := dump("v3.toml", rc.Render(containerdconf.Version{2, 2}))
 		assert.Contains(t, v3Log, "Configuration migrated from version 3")
 		assert.Equal(t, old, v3)
 	}
