@@ -5,10 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -94,6 +93,10 @@ func (p *Process) Tail(n int) string {
 
 // WaitFor polls check every interval until it returns nil, ctx ends, or the process
 // exits. The returned error carries the last check error and the log's tail.
+//
+// A check error wrapping ErrPortTaken ends the wait at once, and so does an exit
+// whose log says a bind failed with "address already in use": both errors wrap
+// ErrPortTaken, so a harness knows to start again on fresh ports.
 func (p *Process) WaitFor(ctx context.Context, interval time.Duration, check func(context.Context) error) error {
 	var last error
 	t := time.NewTicker(interval)
@@ -102,39 +105,22 @@ func (p *Process) WaitFor(ctx context.Context, interval time.Duration, check fun
 		if last = check(ctx); last == nil {
 			return nil
 		}
+		if errors.Is(last, ErrPortTaken) {
+			return fmt.Errorf("%s: %w", p.Name, last)
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%s not ready: %w (last check: %v)\n--- %s log tail ---\n%s", p.Name, ctx.Err(), last, p.Name, p.Tail(4000))
 		case <-p.done:
-			return fmt.Errorf("%s exited before it was ready (%v)\n--- %s log tail ---\n%s", p.Name, p.waitErr, p.Name, p.Tail(4000))
+			tail := p.Tail(4000)
+			if strings.Contains(tail, addrInUse) {
+				return fmt.Errorf("%s exited before it was ready (%v): %w (its log says %q)\n--- %s log tail ---\n%s", p.Name, p.waitErr, ErrPortTaken, addrInUse, p.Name, tail)
+			}
+			return fmt.Errorf("%s exited before it was ready (%v)\n--- %s log tail ---\n%s", p.Name, p.waitErr, p.Name, tail)
 		case <-t.C:
 		}
 	}
 }
 
-// FreePorts returns n distinct TCP ports that were free on 127.0.0.1 a moment ago.
-// Another process may take one before it is used; harnesses retry start-up on a
-// bind failure.
-func FreePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("reserve a port: %w", err)
-		}
-		ls = append(ls, l)
-		_, portStr, _ := net.SplitHostPort(l.Addr().String())
-		port, err := strconv.Atoi(portStr)
-		if err != nil {
-			return nil, errors.New("reserve a port: unparsable address " + l.Addr().String())
-		}
-		ports = append(ports, port)
-	}
-	return ports, nil
-}
+// addrInUse is how a Go program's failed bind reads in its log (EADDRINUSE).
+const addrInUse = "address already in use"

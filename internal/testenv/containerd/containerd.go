@@ -85,6 +85,10 @@ type Options struct {
 	// builds containerd 2.x into one, which features such as image volumes (CRI
 	// image mounts, containerd 2.1 and later) need. V2Dir finds it.
 	BinDir string
+
+	// pickPorts chooses the registry's port. Nil means testenv.FreePorts; tests of the
+	// retry hand out a taken port.
+	pickPorts func(n int) ([]int, error)
 }
 
 // V2Dir returns the folder of containerd 2.x binaries hack/build-containerd.sh
@@ -525,8 +529,59 @@ func (c *Containerd) importImages(tb testing.TB) error {
 	return nil
 }
 
+// registryAttempts bounds how often the registry starts again after losing its port.
+const registryAttempts = 3
+
 func (c *Containerd) startRegistry(tb testing.TB) error {
-	ports, err := testenv.FreePorts(1)
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		err := c.startRegistryOnce()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, testenv.ErrPortTaken) || attempt == registryAttempts {
+			return fmt.Errorf("registry (attempt %d of %d): %w", attempt, registryAttempts, err)
+		}
+		c.registry.Stop(5 * time.Second)
+		c.registry = nil
+		if err := os.RemoveAll(filepath.Join(c.dir, "registry")); err != nil {
+			return err
+		}
+		tb.Logf("registry: attempt %d of %d lost its port; stopped it, starting again on a fresh port: %v", attempt, registryAttempts, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	// containerd treats 127.0.0.1 as plain HTTP already; the hosts.toml says so explicitly.
+	hostDir := filepath.Join(c.dir, "certs.d", c.registryHost)
+	if err := os.MkdirAll(hostDir, 0o755); err != nil {
+		return err
+	}
+	hosts := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+c.registryHost, "http://"+c.registryHost)
+	if err := os.WriteFile(filepath.Join(hostDir, "hosts.toml"), []byte(hosts), 0o644); err != nil {
+		return err
+	}
+	args := []string{"--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false"}
+	if c.opts.RegistryAuth {
+		args = append(args, "--dest-creds", registryUser+":"+registryPassword)
+	}
+	args = append(args, "oci-archive:"+c.images.busyboxTar, "docker://"+c.RegistryImage())
+	out, err := exec.CommandContext(ctx, "skopeo", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("skopeo copy to %s: %v\n%s", c.RegistryImage(), err, out)
+	}
+	tb.Logf("registry ready with %s in %s", c.RegistryImage(), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// startRegistryOnce starts docker-registry on a port from testenv.FreePorts and waits
+// until /v2/ answers from it; an error wrapping testenv.ErrPortTaken means another
+// process has the port (the registry could not bind, or what answers is not it).
+func (c *Containerd) startRegistryOnce() error {
+	pick := c.opts.pickPorts
+	if pick == nil {
+		pick = testenv.FreePorts
+	}
+	ports, err := pick(1)
 	if err != nil {
 		return err
 	}
@@ -551,9 +606,8 @@ func (c *Containerd) startRegistry(tb testing.TB) error {
 	c.registry = p
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	start := time.Now()
 	url := "http://" + c.registryHost + "/v2/"
-	if err := p.WaitFor(ctx, 50*time.Millisecond, func(ctx context.Context) error {
+	return p.WaitFor(ctx, 50*time.Millisecond, func(ctx context.Context) error {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -563,30 +617,10 @@ func (c *Containerd) startRegistry(tb testing.TB) error {
 		if resp.StatusCode != http.StatusOK && !(c.opts.RegistryAuth && resp.StatusCode == http.StatusUnauthorized) {
 			return fmt.Errorf("GET %s: %s", url, resp.Status)
 		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	// containerd treats 127.0.0.1 as plain HTTP already; the hosts.toml says so explicitly.
-	hostDir := filepath.Join(c.dir, "certs.d", c.registryHost)
-	if err := os.MkdirAll(hostDir, 0o755); err != nil {
-		return err
-	}
-	hosts := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+c.registryHost, "http://"+c.registryHost)
-	if err := os.WriteFile(filepath.Join(hostDir, "hosts.toml"), []byte(hosts), 0o644); err != nil {
-		return err
-	}
-	args := []string{"--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false"}
-	if c.opts.RegistryAuth {
-		args = append(args, "--dest-creds", registryUser+":"+registryPassword)
-	}
-	args = append(args, "oci-archive:"+c.images.busyboxTar, "docker://"+c.RegistryImage())
-	out, err := exec.CommandContext(ctx, "skopeo", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("skopeo copy to %s: %v\n%s", c.RegistryImage(), err, out)
-	}
-	tb.Logf("registry ready with %s in %s", c.RegistryImage(), time.Since(start).Round(time.Millisecond))
-	return nil
+		// Another test's registry answers /v2/ just the same: only the socket's owner
+		// tells them apart.
+		return p.CheckListening(ports[0])
+	})
 }
 
 func (c *Containerd) cleanup(tb testing.TB) func() {

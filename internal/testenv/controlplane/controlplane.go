@@ -11,6 +11,8 @@ package controlplane
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -65,6 +67,11 @@ type Options struct {
 	// (a prefix of /108 or longer), so Services may be IPv6 or dual-stack
 	// (ipFamilyPolicy RequireDualStack). Empty keeps the API server IPv4-only.
 	ServiceCIDR6 string
+
+	// pickPorts chooses n ports (etcd client, etcd peer, kube-apiserver,
+	// kube-controller-manager, kube-scheduler). Nil means testenv.FreePorts; tests of
+	// the retry hand out a taken port.
+	pickPorts func(n int) ([]int, error)
 }
 
 // KubeletClientUser is the user kube-apiserver authenticates as when it calls a
@@ -84,6 +91,7 @@ type ControlPlane struct {
 	apiPort      int
 	kcmPort      int
 	schedPort    int
+	etcdPort     int
 	etcdPeerPort int
 	etcdURL      string
 	egressConfig string
@@ -92,6 +100,7 @@ type ControlPlane struct {
 	adminConfig *rest.Config
 	admin       kubernetes.Interface
 
+	stopOnce  sync.Once
 	mu        sync.Mutex
 	etcd      *testenv.Process
 	apiserver *testenv.Process
@@ -99,8 +108,18 @@ type ControlPlane struct {
 	scheduler *testenv.Process
 }
 
+// maxStartAttempts bounds how often Start starts again after losing a port race.
+const maxStartAttempts = 3
+
 // Start starts a control plane for tb and stops it, removing all its state, on
 // tb.Cleanup. A missing peer binary ends the test through testenv.Unavailable.
+//
+// The ports come from testenv.FreePorts, free when chosen; another process may bind
+// one first. A start that loses a port (a peer exits with "address already in use",
+// or the server answering on a port is not the peer this start ran: a listener of
+// another process, or an API server whose certificate this one did not make) is
+// stopped, its folder removed, and the whole start runs again on fresh ports, up to
+// maxStartAttempts times; each retry is logged with tb.Logf and its reason.
 func Start(tb testing.TB, opts Options) *ControlPlane {
 	tb.Helper()
 	testenv.RequireLong(tb)
@@ -117,46 +136,67 @@ func Start(tb testing.TB, opts Options) *ControlPlane {
 	if opts.NodeMonitorPeriod == 0 {
 		opts.NodeMonitorPeriod = time.Second
 	}
-
-	dir, err := os.MkdirTemp("", "nodekit-controlplane-")
-	if err != nil {
-		tb.Fatalf("control plane: %v", err)
+	if opts.pickPorts == nil {
+		opts.pickPorts = testenv.FreePorts
 	}
-	cp := &ControlPlane{opts: opts, dir: dir}
-	tb.Cleanup(cp.stop)
+	for attempt := 1; ; attempt++ {
+		dir, err := os.MkdirTemp("", "nodekit-controlplane-")
+		if err != nil {
+			tb.Fatalf("control plane: %v", err)
+		}
+		cp := &ControlPlane{opts: opts, dir: dir}
+		// Registered before anything starts, so a failed or abandoned attempt is
+		// stopped too; stop runs once however often it is called.
+		tb.Cleanup(cp.stop)
+		msg, err := cp.start(bins)
+		if err == nil {
+			if attempt > 1 {
+				msg += fmt.Sprintf(", attempt %d", attempt)
+			}
+			tb.Logf("%s", msg)
+			return cp
+		}
+		if !errors.Is(err, testenv.ErrPortTaken) || attempt == maxStartAttempts {
+			tb.Fatalf("control plane (attempt %d of %d): %v", attempt, maxStartAttempts, err)
+		}
+		cp.stop()
+		tb.Logf("control plane: attempt %d of %d lost a port race; stopped it, removed %s, starting again on fresh ports: %v", attempt, maxStartAttempts, dir, err)
+	}
+}
 
+// start runs one attempt; it returns the timings line for the log.
+func (cp *ControlPlane) start(bins map[string]string) (string, error) {
 	begin := time.Now()
 	if err := cp.setup(); err != nil {
-		tb.Fatalf("control plane: %v", err)
+		return "", err
 	}
 	if err := cp.startEtcd(bins["etcd"]); err != nil {
-		tb.Fatalf("control plane: %v", err)
+		return "", err
 	}
 	etcdReady := time.Since(begin)
 	if err := cp.startAPIServer(bins["kube-apiserver"]); err != nil {
-		tb.Fatalf("control plane: %v", err)
+		return "", err
 	}
 	apiReady := time.Since(begin)
 	if err := cp.bootstrap(); err != nil {
-		tb.Fatalf("control plane: %v", err)
+		return "", err
 	}
 	msg := fmt.Sprintf("control plane: etcd ready in %s, kube-apiserver /readyz in %s", etcdReady.Round(time.Millisecond), (apiReady - etcdReady).Round(time.Millisecond))
-	if opts.ControllerManager {
+	if cp.opts.ControllerManager {
 		kcmBegin := time.Now()
 		if err := cp.startControllerManager(bins["kube-controller-manager"]); err != nil {
-			tb.Fatalf("control plane: %v", err)
+			return "", err
 		}
 		msg += fmt.Sprintf(", kube-controller-manager /healthz in %s", time.Since(kcmBegin).Round(time.Millisecond))
 	}
-	if opts.Scheduler {
+	if cp.opts.Scheduler {
 		schedBegin := time.Now()
 		if err := cp.startScheduler(bins["kube-scheduler"]); err != nil {
-			tb.Fatalf("control plane: %v", err)
+			return "", err
 		}
 		msg += fmt.Sprintf(", kube-scheduler /healthz in %s", time.Since(schedBegin).Round(time.Millisecond))
 	}
-	tb.Logf("%s (total %s)", msg, time.Since(begin).Round(time.Millisecond))
-	return cp
+	return fmt.Sprintf("%s (total %s)", msg, time.Since(begin).Round(time.Millisecond)), nil
 }
 
 func (cp *ControlPlane) setup() error {
@@ -197,10 +237,11 @@ func (cp *ControlPlane) setup() error {
 	if err := writeServiceAccountKey(cp.path("sa.key")); err != nil {
 		return err
 	}
-	ports, err := testenv.FreePorts(5)
+	ports, err := cp.opts.pickPorts(5)
 	if err != nil {
 		return err
 	}
+	cp.etcdPort = ports[0]
 	cp.etcdURL = "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	cp.apiPort, cp.kcmPort, cp.schedPort = ports[2], ports[3], ports[4]
 
@@ -277,7 +318,10 @@ func (cp *ControlPlane) startEtcd(bin string) error {
 		if err != nil {
 			return err
 		}
-		return c.Close()
+		c.Close()
+		// Something answered, but etcd speaks plain HTTP without an identity: only
+		// the socket's owner tells this etcd from another test's on a port both chose.
+		return p.CheckListening(cp.etcdPort, cp.etcdPeerPort)
 	})
 }
 
@@ -324,16 +368,20 @@ func (cp *ControlPlane) startAPIServer(bin string) error {
 
 // readyz asks /readyz as the admin, verifying the serving certificate the API server made.
 func (cp *ControlPlane) readyz(ctx context.Context) error {
-	if _, err := os.Stat(cp.adminConfig.CAFile); err != nil {
-		return fmt.Errorf("serving certificate not written yet: %w", err)
-	}
-	// A fresh client per attempt until one succeeds: the CA file may be read while
-	// kube-apiserver is still writing it (seen under load as "certificate signed by
-	// unknown authority" on every later attempt of a cached client).
 	admin := cp.admin
 	if admin == nil {
-		var err error
-		if admin, err = kubernetes.NewForConfig(cp.adminConfig); err != nil {
+		// Until one attempt succeeds, each makes a fresh client from the CA bundle read
+		// whole: kube-apiserver writes the file in place, and a client that read half of
+		// it (the serving certificate without its CA) fails every later attempt with
+		// "certificate signed by unknown authority". Read whole, an unknown authority
+		// is certain: the server on the port is not the one that wrote the file.
+		caPEM, err := cp.servingCA()
+		if err != nil {
+			return err
+		}
+		cfg := rest.CopyConfig(cp.adminConfig)
+		cfg.CAFile, cfg.CAData = "", caPEM
+		if admin, err = kubernetes.NewForConfig(cfg); err != nil {
 			return err
 		}
 	}
@@ -343,6 +391,10 @@ func (cp *ControlPlane) readyz(ctx context.Context) error {
 	defer cancel()
 	body, err := admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(attempt)
 	if err != nil {
+		var unknownCA x509.UnknownAuthorityError
+		if errors.As(err, &unknownCA) {
+			return fmt.Errorf("%w: the server on 127.0.0.1:%d presents a certificate this kube-apiserver did not make (%v)", testenv.ErrPortTaken, cp.apiPort, err)
+		}
 		return fmt.Errorf("/readyz: %w (%s)", err, body)
 	}
 	if string(body) != "ok" {
@@ -352,6 +404,25 @@ func (cp *ControlPlane) readyz(ctx context.Context) error {
 		cp.admin = admin
 	}
 	return nil
+}
+
+// servingCA returns kube-apiserver's self-signed serving bundle (its certificate and
+// the CA that signed it) once the file holds the CA.
+func (cp *ControlPlane) servingCA() ([]byte, error) {
+	caPEM, err := os.ReadFile(cp.adminConfig.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("serving certificate not written yet: %w", err)
+	}
+	remaining := caPEM
+	for {
+		var block *pem.Block
+		if block, remaining = pem.Decode(remaining); block == nil {
+			return nil, fmt.Errorf("serving certificate %s does not hold its CA yet", cp.adminConfig.CAFile)
+		}
+		if c, err := x509.ParseCertificate(block.Bytes); err == nil && c.IsCA {
+			return caPEM, nil
+		}
+	}
 }
 
 // bootstrap creates what a cluster's add-ons would: the default service account, so
@@ -406,9 +477,7 @@ func (cp *ControlPlane) startControllerManager(bin string) error {
 	defer cancel()
 	// kube-controller-manager serves /healthz with its own self-signed certificate and
 	// allows /healthz without authentication, so a plain TLS GET is enough.
-	hc := healthClient()
-	url := "https://127.0.0.1:" + strconv.Itoa(cp.kcmPort) + "/healthz"
-	return p.WaitFor(ctx, 100*time.Millisecond, func(ctx context.Context) error { return getOK(ctx, hc, url) })
+	return p.WaitFor(ctx, 100*time.Millisecond, healthz(p, cp.kcmPort))
 }
 
 func (cp *ControlPlane) clusterSigningDuration() time.Duration {
@@ -452,9 +521,7 @@ func (cp *ControlPlane) startScheduler(bin string) error {
 	cp.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	hc := healthClient()
-	url := "https://127.0.0.1:" + strconv.Itoa(cp.schedPort) + "/healthz"
-	return p.WaitFor(ctx, 100*time.Millisecond, func(ctx context.Context) error { return getOK(ctx, hc, url) })
+	return p.WaitFor(ctx, 100*time.Millisecond, healthz(p, cp.schedPort))
 }
 
 // AdminKubeconfig is the path of a kubeconfig file in system:masters (for kubectl).
@@ -597,7 +664,9 @@ func (cp *ControlPlane) StartControllerManager(tb testing.TB) {
 	}
 }
 
-func (cp *ControlPlane) stop() {
+func (cp *ControlPlane) stop() { cp.stopOnce.Do(cp.stopAll) }
+
+func (cp *ControlPlane) stopAll() {
 	cp.mu.Lock()
 	procs := []*testenv.Process{cp.scheduler, cp.kcm, cp.apiserver, cp.etcd}
 	cp.scheduler, cp.kcm, cp.apiserver, cp.etcd = nil, nil, nil, nil

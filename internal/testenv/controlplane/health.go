@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
+
+	"github.com/nodekit-dev/nodekit/internal/testenv"
 )
 
 // healthClient reaches a component's own health endpoint, served with a certificate the
@@ -36,4 +39,18 @@ func getOK(ctx context.Context, c *http.Client, url string) error {
 		return fmt.Errorf("%s: %s: %s", url, resp.Status, body)
 	}
 	return nil
+}
+
+// healthz is the readiness check of a component p started to serve on port: /healthz
+// answers 200 and the listener is p's own, not another process's on a port both chose
+// (the unverified TLS above cannot tell them apart).
+func healthz(p *testenv.Process, port int) func(context.Context) error {
+	hc := healthClient()
+	url := "https://127.0.0.1:" + strconv.Itoa(port) + "/healthz"
+	return func(ctx context.Context) error {
+		if err := getOK(ctx, hc, url); err != nil {
+			return err
+		}
+		return p.CheckListening(port)
+	}
 }
