@@ -26,7 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -575,7 +575,6 @@ func serveHTTP(ctx context.Context, logger klog.Logger, what, addr string, h htt
 
 // nodeWatch watches this node's Node object (upstream's NodeManager).
 type nodeWatch struct {
-	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 	name     string
 	onChange func(*v1.Node)
@@ -616,11 +615,12 @@ func hostIPs(n *v1.Node) []string {
 }
 
 func newNodeWatch(client kubernetes.Interface, name string, resync time.Duration) *nodeWatch {
-	f := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
-		}))
-	nw := &nodeWatch{factory: f, name: name, informer: f.Core().V1().Nodes().Informer()}
+	// One informer of the Node, not a SharedInformerFactory: the factory links
+	// the informers and listers of every API group into the binary.
+	inf := coreinformers.NewFilteredNodeInformer(client, resync, cache.Indexers{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+	})
+	nw := &nodeWatch{name: name, informer: inf}
 	set := func(obj any) {
 		n, ok := obj.(*v1.Node)
 		if !ok {
@@ -657,9 +657,7 @@ func newNodeWatch(client kubernetes.Interface, name string, resync time.Duration
 }
 
 func (nw *nodeWatch) run(ctx context.Context) error {
-	nw.factory.Start(ctx.Done())
-	<-ctx.Done()
-	nw.factory.Shutdown()
+	nw.informer.RunWithContext(ctx)
 	return nil
 }
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
-	"k8s.io/client-go/informers"
+	networkinginformers "k8s.io/client-go/informers/networking/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -23,7 +23,6 @@ import (
 // first of them; the union is recomputed from the cache here, so it stays until
 // the last one goes.
 type serviceCIDRWatch struct {
-	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 	onChange func([]netip.Prefix)
 
@@ -33,8 +32,8 @@ type serviceCIDRWatch struct {
 }
 
 func newServiceCIDRWatch(client kubernetes.Interface, resync time.Duration, onChange func([]netip.Prefix)) *serviceCIDRWatch {
-	f := informers.NewSharedInformerFactory(client, resync)
-	w := &serviceCIDRWatch{factory: f, informer: f.Networking().V1().ServiceCIDRs().Informer(), onChange: onChange}
+	inf := networkinginformers.NewServiceCIDRInformer(client, resync, cache.Indexers{})
+	w := &serviceCIDRWatch{informer: inf, onChange: onChange}
 	update := func(any) { w.update(false) }
 	_, _ = w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    update,
@@ -48,8 +47,12 @@ func newServiceCIDRWatch(client kubernetes.Interface, resync time.Duration, onCh
 func (w *serviceCIDRWatch) run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	logger.Info("Starting serviceCIDR config controller")
-	w.factory.Start(ctx.Done())
-	defer w.factory.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.informer.RunWithContext(ctx)
+	}()
+	defer func() { <-done }()
 	if !cache.WaitForNamedCacheSync("serviceCIDR config", ctx.Done(), w.informer.HasSynced) {
 		return nil
 	}
