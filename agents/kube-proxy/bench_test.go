@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,15 +40,27 @@ import (
 // from start to the first full sync in the kernel (each agent alone), then, with
 // both running, the time from an EndpointSlice write to the new endpoint being in
 // each kernel under a steady churn, and each agent's CPU seconds over the churn
-// and peak RSS. NODEKIT_BENCH_SERVICES (default 1000, 10 endpoints each),
+// and peak RSS (VmHWM, reset as the churn starts, so it is the peak over the
+// churn; the peak of everything before it, the first full sync included, is
+// logged beside it). NODEKIT_BENCH_SERVICES (default 1000, 10 endpoints each),
 // NODEKIT_BENCH_RATE (changes per second, default 20) and NODEKIT_BENCH_SECONDS
-// (default 60) size it. It runs once whatever b.N is.
+// (default 60) size it; NODEKIT_BENCH_MIN_SYNC_PERIOD (a duration) gives both
+// agents --iptables-min-sync-period (the minSyncPeriod of every mode but ipvs)
+// instead of the default 1s. It runs once whatever b.N is.
 func BenchmarkVersusUpstream(b *testing.B) {
 	testenv.RequireRoot(b)
 	upstreamBin := testenv.PeerBinary(b, "kube-proxy")
 	services := envInt("NODEKIT_BENCH_SERVICES", 1000)
 	rate := envInt("NODEKIT_BENCH_RATE", 20)
 	seconds := envInt("NODEKIT_BENCH_SECONDS", 60)
+	minSync := time.Second
+	var minSyncArgs []string
+	if v := os.Getenv("NODEKIT_BENCH_MIN_SYNC_PERIOD"); v != "" {
+		d, err := time.ParseDuration(v)
+		require.NoError(b, err, "NODEKIT_BENCH_MIN_SYNC_PERIOD")
+		minSync = d
+		minSyncArgs = []string{"--iptables-min-sync-period=" + d.String()}
+	}
 
 	cp := controlplane.Start(b, controlplane.Options{})
 	client := cp.AdminClient()
@@ -68,6 +81,7 @@ func BenchmarkVersusUpstream(b *testing.B) {
 		"--proxy-mode=nftables", "--netns=" + nk.env.Node.Path(), "--cluster-cidr=10.244.0.0/16",
 		"--healthz-bind-address=127.0.0.1:" + freePort(b), "--metrics-bind-address=" + nkMetrics,
 	}
+	nkArgs = append(nkArgs, minSyncArgs...)
 	profDir := os.Getenv("NODEKIT_BENCH_PROFILE")
 	if profDir != "" {
 		nkArgs = append(nkArgs, "--profiling", "-v=4")
@@ -81,11 +95,11 @@ func BenchmarkVersusUpstream(b *testing.B) {
 	relay := relayAPI(b, up.env.Node, cp.URL())
 	upCfg := cp.AdminConfig()
 	upCfg.Host = "https://" + relay
-	up.start(b, upstreamBin, []string{
+	up.start(b, upstreamBin, append([]string{
 		"--kubeconfig=" + writeKubeconfig(b, upCfg), "--hostname-override=" + up.name,
 		"--proxy-mode=nftables", "--cluster-cidr=10.244.0.0/16", "--conntrack-max-per-core=0",
 		"--healthz-bind-address=127.0.0.1:10256", "--metrics-bind-address=127.0.0.1:10249",
-	}, true)
+	}, minSyncArgs...), true)
 	upFirst := up.waitServices(b, services)
 	b.Logf("first full sync in the kernel at %d services: nodekit %v, kube-proxy %v", services, nkFirst, upFirst)
 
@@ -97,6 +111,7 @@ func BenchmarkVersusUpstream(b *testing.B) {
 	}
 	nkCPU0, nkKids0 := nk.cpu(b)
 	upCPU0, upKids0 := up.cpu(b)
+	nkStartPeak, upStartPeak := nk.resetPeakRSS(b), up.resetPeakRSS(b)
 	var mu sync.Mutex
 	type change struct {
 		svc int
@@ -183,6 +198,7 @@ func BenchmarkVersusUpstream(b *testing.B) {
 	upSelf, upKids := up.cpu(b)
 	nkSelf, nkKids, upSelf, upKids = nkSelf-nkCPU0, nkKids-nkKids0, upSelf-upCPU0, upKids-upKids0
 	nkCPU, upCPU := nkSelf+nkKids, upSelf+upKids
+	nkPeak, upPeak := nk.peakRSS(b), up.peakRSS(b)
 	if profDir != "" {
 		fetchProfile(b, nkMetrics, "heap", filepath.Join(profDir, "heap-after-churn.pprof"))
 	}
@@ -201,8 +217,20 @@ func BenchmarkVersusUpstream(b *testing.B) {
 	for i, a := range arrivals {
 		times[i] = a.got
 	}
-	for i, t := range syncFloor(times, time.Second) {
+	for i, t := range syncFloor(times, minSync, 0) {
 		floorLat = append(floorLat, t.Sub(arrivals[i].wrote))
+	}
+	// The kernel's own floor: each agent stopped (its rules stay), the commit of
+	// the smallest change that makes the kernel validate the table, timed in both
+	// tables, then the same simulation with every sync taking that long.
+	nk.stop(b)
+	up.stop(b)
+	nkCommit, nkPlain := nk.commitFloor(b, 30)
+	upCommit, upPlain := up.commitFloor(b, 30)
+	commit := min(nkCommit, upCommit)
+	var kernelLat []time.Duration
+	for i, t := range syncFloor(times, minSync, commit) {
+		kernelLat = append(kernelLat, t.Sub(arrivals[i].wrote))
 	}
 	p := func(l []time.Duration, q float64) time.Duration {
 		if len(l) == 0 {
@@ -213,11 +241,14 @@ func BenchmarkVersusUpstream(b *testing.B) {
 		return s[int(q*float64(len(s)-1))]
 	}
 	b.Logf("churn %d changes/s for %ds at %d services (API write to element in the kernel):", rate, seconds, services)
-	b.Logf("  nodekit:    seen %d/%d p50 %v p99 %v cpu %.2fs (itself %.2fs, children %.2fs) peak RSS %d MiB", len(nkLat), total, p(nkLat, .5), p(nkLat, .99), nkCPU, nkSelf, nkKids, nk.peakRSS(b)>>20)
-	b.Logf("  kube-proxy: seen %d/%d p50 %v p99 %v cpu %.2fs (itself %.2fs, children %.2fs) peak RSS %d MiB", len(upLat), total, p(upLat, .5), p(upLat, .99), upCPU, upSelf, upKids, up.peakRSS(b)>>20)
-	b.Logf("  floor (API write to the watch delivering it, then to the sync a 1s minSyncPeriod allows, syncs taking no time): seen %d/%d watch p50 %v p99 %v, floor p50 %v p99 %v",
-		len(watchLat), total, p(watchLat, .5), p(watchLat, .99), p(floorLat, .5), p(floorLat, .99))
+	b.Logf("  nodekit:    seen %d/%d p50 %v p99 %v cpu %.2fs (itself %.2fs, children %.2fs) peak RSS over the churn %d MiB (before it, first full sync included: %d MiB)", len(nkLat), total, p(nkLat, .5), p(nkLat, .99), nkCPU, nkSelf, nkKids, nkPeak>>20, nkStartPeak>>20)
+	b.Logf("  kube-proxy: seen %d/%d p50 %v p99 %v cpu %.2fs (itself %.2fs, children %.2fs) peak RSS over the churn %d MiB (before it, first full sync included: %d MiB)", len(upLat), total, p(upLat, .5), p(upLat, .99), upCPU, upSelf, upKids, upPeak>>20, upStartPeak>>20)
+	b.Logf("  floor (API write to the watch delivering it, then to the sync a %v minSyncPeriod allows, syncs taking no time): seen %d/%d watch p50 %v p99 %v, floor p50 %v p99 %v",
+		minSync, len(watchLat), total, p(watchLat, .5), p(watchLat, .99), p(floorLat, .5), p(floorLat, .99))
+	b.Logf("  kernel floor: one commit that adds a jump (the table validated) median %v in nodekit's table, %v in kube-proxy's (one without a jump: %v, %v); with every sync taking %v: floor p50 %v p99 %v",
+		nkCommit, upCommit, nkPlain, upPlain, commit, p(kernelLat, .5), p(kernelLat, .99))
 	b.ReportMetric(p(floorLat, .5).Seconds(), "floor-p50-s")
+	b.ReportMetric(p(kernelLat, .5).Seconds(), "kernel-floor-p50-s")
 	b.ReportMetric(nkFirst.Seconds(), "nodekit-first-sync-s")
 	b.ReportMetric(upFirst.Seconds(), "kube-proxy-first-sync-s")
 	b.ReportMetric(p(nkLat, .5).Seconds(), "nodekit-p50-s")
@@ -226,6 +257,10 @@ func BenchmarkVersusUpstream(b *testing.B) {
 	b.ReportMetric(p(upLat, .99).Seconds(), "kube-proxy-p99-s")
 	b.ReportMetric(nkCPU, "nodekit-cpu-s")
 	b.ReportMetric(upCPU, "kube-proxy-cpu-s")
+	b.ReportMetric(float64(nkPeak>>20), "nodekit-churn-peak-rss-MiB")
+	b.ReportMetric(float64(upPeak>>20), "kube-proxy-churn-peak-rss-MiB")
+	b.ReportMetric(float64(nkStartPeak>>20), "nodekit-start-peak-rss-MiB")
+	b.ReportMetric(float64(upStartPeak>>20), "kube-proxy-start-peak-rss-MiB")
 }
 
 // watchDeliveries watches the namespace's EndpointSlices from the test process
@@ -272,24 +307,26 @@ func watchDeliveries(b *testing.B, client kubernetes.Interface, ns string) func(
 }
 
 // syncFloor is the earliest each change can be in the kernel under upstream's
-// BoundedFrequencyRunner with the given minSyncPeriod if a sync took no time:
-// delivered (ascending) are the times the changes reach the agent; a sync runs
-// as soon as one is queued but no sooner than min after the previous one, and
-// takes every change delivered by then.
-func syncFloor(delivered []time.Time, min time.Duration) []time.Time {
+// BoundedFrequencyRunner (pkg/proxy/runner) with the given minSyncPeriod if every
+// sync took cost: delivered (ascending) are the times the changes reach the agent;
+// a sync starts as soon as one is queued, but no sooner than min after the
+// previous one completed, and takes every change delivered by its start.
+func syncFloor(delivered []time.Time, min, cost time.Duration) []time.Time {
 	out := make([]time.Time, len(delivered))
-	var last time.Time
+	var start, end time.Time // of the last sync
 	for i, d := range delivered {
-		switch {
-		case i > 0 && !d.After(last):
-			out[i] = last // taken by the sync already running at last
-		case i > 0 && d.Sub(last) < min:
-			last = last.Add(min)
-			out[i] = last
-		default:
-			last = d
-			out[i] = d
+		if i > 0 && !d.After(start) {
+			out[i] = end // taken by the last sync
+			continue
 		}
+		s := d
+		if i > 0 {
+			if t := end.Add(min); t.After(s) {
+				s = t
+			}
+		}
+		start, end = s, s.Add(cost)
+		out[i] = end
 	}
 	return out
 }
@@ -556,6 +593,75 @@ func (n *benchNode) cpu(b *testing.B) (self, children float64) {
 	return v(11) + v(12), v(13) + v(14) // utime+stime, cutime+cstime
 }
 
+// stop ends the agent (SIGTERM; both leave their rules in the kernel) and waits
+// for it to exit.
+func (n *benchNode) stop(b *testing.B) {
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = n.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = n.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// commitFloor times, rounds times, the kernel's commit of the smallest change
+// that makes it validate the agent's whole table: one rule jumping to a service
+// chain, added to a chain of the bench's own that nothing jumps to (any new rule
+// or verdict-map element that jumps marks the table for validation, and the
+// kernel then walks every chain reachable from the base chains). plain is the
+// same commit with a rule that only counts, which needs no validation. Medians.
+// The agent must be stopped: its next sync would remove the bench's chain.
+func (n *benchNode) commitFloor(b *testing.B, rounds int) (jump, plain time.Duration) {
+	c := n.conn(b)
+	defer c.CloseLasting()
+	table := &nftables.Table{Name: "kube-proxy", Family: nftables.TableFamilyIPv4}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	require.NoError(b, err)
+	target := ""
+	for _, ch := range chains {
+		if ch.Table.Name == table.Name && strings.HasPrefix(ch.Name, "service-") {
+			target = ch.Name
+			break
+		}
+	}
+	require.NotEmpty(b, target, "%s: no service chain in the table", n.kind)
+	floor := c.AddChain(&nftables.Chain{Name: "bench-commit-floor", Table: table})
+	require.NoError(b, c.Flush())
+	defer func() {
+		c.DelChain(floor)
+		_ = c.Flush()
+	}()
+	timeOne := func(e expr.Any) time.Duration {
+		c.AddRule(&nftables.Rule{Table: table, Chain: floor, Exprs: []expr.Any{e}})
+		t0 := time.Now()
+		require.NoError(b, c.Flush())
+		d := time.Since(t0)
+		c.FlushChain(floor)
+		require.NoError(b, c.Flush())
+		return d
+	}
+	var jumps, plains []time.Duration
+	for range rounds {
+		jumps = append(jumps, timeOne(&expr.Verdict{Kind: expr.VerdictJump, Chain: target}))
+		plains = append(plains, timeOne(&expr.Counter{}))
+	}
+	slices.Sort(jumps)
+	slices.Sort(plains)
+	return jumps[len(jumps)/2], plains[len(plains)/2]
+}
+
+// resetPeakRSS returns VmHWM in bytes and resets it to the current RSS (writing 5
+// to /proc/PID/clear_refs, Linux 4.0 and later), so the next peakRSS is the peak
+// since this call.
+func (n *benchNode) resetPeakRSS(b *testing.B) int64 {
+	peak := n.peakRSS(b)
+	require.NoError(b, os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", n.cmd.Process.Pid), []byte("5"), 0))
+	return peak
+}
+
 // peakRSS is VmHWM in bytes.
 func (n *benchNode) peakRSS(b *testing.B) int64 {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", n.cmd.Process.Pid))
@@ -603,4 +709,19 @@ func relayAPI(b *testing.B, ns *netns.Namespace, apiURL string) string {
 		}
 	}()
 	return ln.Addr().String()
+}
+
+func TestSyncFloor(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	delivered := []time.Time{at(0), at(100), at(1200), at(1300), at(5000)}
+	// minSyncPeriod 1s, syncs of 200ms: the first change syncs at once; the second
+	// waits for 1s after the first sync completed (1.2s) and is in at 1.4s; the
+	// third arrived at the second sync's start and rides it; the fourth waits for
+	// 1s after that sync completed; the last finds the runner idle.
+	want := []time.Time{at(200), at(1400), at(1400), at(2600), at(5200)}
+	require.Equal(t, want, syncFloor(delivered, time.Second, 200*time.Millisecond))
+	// Syncs that take no time: each change waits for the next allowed sync only.
+	want = []time.Time{at(0), at(1000), at(2000), at(2000), at(5000)}
+	require.Equal(t, want, syncFloor(delivered, time.Second, 0))
 }
