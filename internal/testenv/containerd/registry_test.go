@@ -1,13 +1,11 @@
 package containerd
 
 import (
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -47,7 +45,7 @@ func TestRegistryRetriesWhenItsPortIsTaken(t *testing.T) {
 		handedOut = append(handedOut, ports[0])
 		return ports, nil
 	}}}
-	rec := &logRecorder{T: t}
+	rec := &testenv.LogRecorder{T: t}
 	err := c.startRegistry(rec)
 	if c.registry != nil {
 		defer c.registry.Stop(5 * time.Second)
@@ -58,7 +56,7 @@ func TestRegistryRetriesWhenItsPortIsTaken(t *testing.T) {
 	assert.Len(t, handedOut, 2, "one retry on a fresh port")
 	mu.Unlock()
 	assert.NotEqual(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(taken)), c.RegistryHost())
-	retries := rec.matching("lost its port")
+	retries := rec.Matching("lost its port")
 	require.Len(t, retries, 1, "the retry is logged with its reason")
 	assert.Contains(t, retries[0], testenv.ErrPortTaken.Error())
 	// skopeo pushed to our registry, which now lists the image's tag.
@@ -69,31 +67,4 @@ func TestRegistryRetriesWhenItsPortIsTaken(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
 	assert.Contains(t, string(body), `"1.35.0"`)
-}
-
-// logRecorder is the test's T with its Logf lines kept.
-type logRecorder struct {
-	*testing.T
-	mu    sync.Mutex
-	lines []string
-}
-
-func (r *logRecorder) Logf(format string, args ...any) {
-	r.T.Helper()
-	r.mu.Lock()
-	r.lines = append(r.lines, fmt.Sprintf(format, args...))
-	r.mu.Unlock()
-	r.T.Logf(format, args...)
-}
-
-func (r *logRecorder) matching(substr string) []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []string
-	for _, l := range r.lines {
-		if strings.Contains(l, substr) {
-			out = append(out, l)
-		}
-	}
-	return out
 }

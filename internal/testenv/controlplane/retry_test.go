@@ -19,7 +19,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"regexp"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,33 +28,6 @@ import (
 
 	"github.com/nodekit-dev/nodekit/internal/testenv"
 )
-
-// logRecorder is the test's T with its Logf lines kept, to check what Start reported.
-type logRecorder struct {
-	*testing.T
-	mu    sync.Mutex
-	lines []string
-}
-
-func (r *logRecorder) Logf(format string, args ...any) {
-	r.T.Helper()
-	r.mu.Lock()
-	r.lines = append(r.lines, fmt.Sprintf(format, args...))
-	r.mu.Unlock()
-	r.T.Logf(format, args...)
-}
-
-func (r *logRecorder) retries() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []string
-	for _, l := range r.lines {
-		if strings.Contains(l, "lost a port race") {
-			out = append(out, l)
-		}
-	}
-	return out
-}
 
 // TestStartRetriesWhenAPortIsTaken replays the race seen in CI, where two control
 // planes chose the same ports: the first attempt is handed a port that another
@@ -90,13 +62,13 @@ func TestStartRetriesWhenAPortIsTaken(t *testing.T) {
 				handedOut = append(handedOut, ports)
 				return ports, nil
 			}}
-			rec := &logRecorder{T: t}
+			rec := &testenv.LogRecorder{T: t}
 			cp := Start(rec, opts)
 
 			mu.Lock()
 			assert.Len(t, handedOut, 2, "one retry on fresh ports")
 			mu.Unlock()
-			retries := rec.retries()
+			retries := rec.Matching("lost a port race")
 			require.Len(t, retries, 1, "Start must log why it started again")
 			assert.Contains(t, retries[0], "attempt 1 of 3")
 			assert.Contains(t, retries[0], testenv.ErrPortTaken.Error())
