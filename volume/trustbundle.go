@@ -16,7 +16,7 @@ import (
 	lrucache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/informers"
+	certinformers "k8s.io/client-go/informers/certificates/v1"
 	"k8s.io/client-go/kubernetes"
 	certlisters "k8s.io/client-go/listers/certificates/v1"
 	"k8s.io/client-go/tools/cache"
@@ -89,9 +89,10 @@ type ClusterTrustBundles struct {
 	mu      sync.Mutex
 	runCtx  context.Context
 	stopped bool
-	factory informers.SharedInformerFactory
-	lister  certlisters.ClusterTrustBundleLister
-	synced  cache.InformerSynced
+	// informerDone is closed when the informer, once started, has stopped.
+	informerDone chan struct{}
+	lister       certlisters.ClusterTrustBundleLister
+	synced       cache.InformerSynced
 }
 
 var _ TrustAnchors = (*ClusterTrustBundles)(nil)
@@ -138,10 +139,10 @@ func (c *ClusterTrustBundles) Run(ctx context.Context) error {
 	<-ctx.Done()
 	c.mu.Lock()
 	c.stopped = true
-	f := c.factory
+	done := c.informerDone
 	c.mu.Unlock()
-	if f != nil {
-		f.Shutdown()
+	if done != nil {
+		<-done
 	}
 	return nil
 }
@@ -154,7 +155,7 @@ func (c *ClusterTrustBundles) start(ctx context.Context) (certlisters.ClusterTru
 	if c.runCtx == nil || c.stopped {
 		return nil, nil, fmt.Errorf("%w: not running", ErrTrustBundlesUnavailable)
 	}
-	if c.factory != nil {
+	if c.informerDone != nil {
 		return c.lister, c.synced, nil
 	}
 	logger := logr.FromContextOrDiscard(ctx)
@@ -166,9 +167,9 @@ func (c *ClusterTrustBundles) start(ctx context.Context) (certlisters.ClusterTru
 	if !served {
 		return nil, nil, fmt.Errorf("%w: the API server does not serve %s clustertrustbundles", ErrTrustBundlesUnavailable, gv)
 	}
-	factory := informers.NewSharedInformerFactory(c.cfg.Client, 0)
-	inf := factory.Certificates().V1().ClusterTrustBundles()
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	// One informer, not a SharedInformerFactory (which links every API group's).
+	inf := certinformers.NewClusterTrustBundleInformer(c.cfg.Client, 0, cache.Indexers{})
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.drop(obj) },
 		UpdateFunc: func(_, obj any) { c.drop(obj) },
 		DeleteFunc: func(obj any) {
@@ -180,8 +181,12 @@ func (c *ClusterTrustBundles) start(ctx context.Context) (certlisters.ClusterTru
 	}); err != nil {
 		return nil, nil, fmt.Errorf("registering the ClusterTrustBundle event handler: %w", err)
 	}
-	c.factory, c.lister, c.synced = factory, inf.Lister(), inf.Informer().HasSynced
-	factory.Start(c.runCtx.Done())
+	c.lister, c.synced = certlisters.NewClusterTrustBundleLister(inf.GetIndexer()), inf.HasSynced
+	c.informerDone = make(chan struct{})
+	go func(ctx context.Context, done chan<- struct{}) {
+		defer close(done)
+		inf.RunWithContext(ctx)
+	}(c.runCtx, c.informerDone)
 	logger.Info("Started ClusterTrustBundle informer", "apiGroup", gv)
 
 	waitCtx, cancel := context.WithTimeout(ctx, c.cfg.SyncTimeout)

@@ -20,9 +20,10 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
-	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -86,17 +87,14 @@ type nodeStatus struct {
 // now: a label added just before a pod is bound is already there. It returns once
 // the informer has started; the informer stops with ctx.
 func (n *nodeStatus) watchNode(ctx context.Context) {
-	factory := informers.NewSharedInformerFactoryWithOptions(n.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector(metav1.ObjectNameField, n.name).String()
-		}))
-	n.nodes = factory.Core().V1().Nodes().Lister()
+	// One informer, not a SharedInformerFactory: the factory links the informers
+	// and listers of every API group into the binary.
+	inf := coreinformers.NewFilteredNodeInformer(n.client, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector(metav1.ObjectNameField, n.name).String()
+	})
+	n.nodes = corelisters.NewNodeLister(inf.GetIndexer())
 	klog.InfoS("Attempting to sync node with API server")
-	factory.Start(ctx.Done())
-	go func() {
-		<-ctx.Done()
-		factory.Shutdown()
-	}()
+	go inf.RunWithContext(ctx)
 }
 
 // nodeHasSynced tells whether this kubelet's Node has reached the Node informer

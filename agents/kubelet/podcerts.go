@@ -6,7 +6,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
+	certinformers "k8s.io/client-go/informers/certificates/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
@@ -17,10 +17,9 @@ import (
 // podcertificate manager queues the pod's projections on the same events. The
 // Node authorizer lets a node list and watch only the requests naming it.
 func (m *podManager) watchPodCertificateRequests(ctx context.Context) {
-	factory := informers.NewSharedInformerFactoryWithOptions(m.cfg.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", m.cfg.nodeName).String()
-		}))
+	inf := certinformers.NewFilteredPodCertificateRequestInformer(m.cfg.client, metav1.NamespaceAll, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", m.cfg.nodeName).String()
+	})
 	wake := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
@@ -29,7 +28,7 @@ func (m *podManager) watchPodCertificateRequests(ctx context.Context) {
 			m.wakePod(pcr.Spec.PodUID)
 		}
 	}
-	if _, err := factory.Certificates().V1().PodCertificateRequests().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    wake,
 		UpdateFunc: func(_, obj any) { wake(obj) },
 		DeleteFunc: wake,
@@ -37,7 +36,5 @@ func (m *podManager) watchPodCertificateRequests(ctx context.Context) {
 		klog.ErrorS(err, "Failed to watch the PodCertificateRequests of this node")
 		return
 	}
-	factory.Start(ctx.Done())
-	<-ctx.Done()
-	factory.Shutdown()
+	inf.RunWithContext(ctx)
 }

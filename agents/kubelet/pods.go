@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/cache"
@@ -386,11 +386,11 @@ func (m *podManager) watchAPI(ctx context.Context) {
 		klog.V(4).InfoS("node sync completed")
 	}
 	klog.InfoS("Watching apiserver")
-	factory := informers.NewSharedInformerFactoryWithOptions(m.cfg.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	// One informer, not a SharedInformerFactory (which links every API group's).
+	inf := coreinformers.NewFilteredPodInformer(m.cfg.client, metav1.NamespaceAll, 0,
+		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}, func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", m.cfg.nodeName).String()
-		}))
-	inf := factory.Core().V1().Pods().Informer()
+		})
 	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { m.apiPod(obj) },
 		UpdateFunc: func(_, obj any) { m.apiPod(obj) },
@@ -408,7 +408,11 @@ func (m *podManager) watchAPI(ctx context.Context) {
 		return
 	}
 	m.status.setLister(inf.GetStore())
-	factory.Start(ctx.Done())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		inf.RunWithContext(ctx)
+	}()
 	// The handler's own sync, not the informer's: only once every listed pod has gone
 	// through apiPod does the kubelet know all its pods, as upstream's sourcesReady
 	// waits for the merged pod set. Until then nothing is treated as an orphan.
@@ -418,7 +422,7 @@ func (m *podManager) watchAPI(ctx context.Context) {
 		m.mu.Unlock()
 	}
 	<-ctx.Done()
-	factory.Shutdown()
+	<-stopped
 }
 
 func isMirror(p *corev1.Pod) bool {
