@@ -171,9 +171,13 @@ func TestKubeletEphemeralContainers(t *testing.T) {
 		})
 		assert.Equal(t, int32(0), ephemeralStatus(p, "shell").State.Terminated.ExitCode)
 
-		// Made without attaching, then kubectl attach -i.
+		// Made without attaching, then kubectl attach -i. The reader repeats its answer
+		// for 5 s before it exits: the runtime may start copying the attach's stdin
+		// before it adds the attach's stdout to the container's output (once, in CI, the
+		// one answer of a reader that exited at once never reached kubectl, which then
+		// waited until the test's timeout).
 		out, e, code := runKubectl(t, admin, "", 60*time.Second, "debug", "target", "-i", "--attach=false", "--image", image,
-			"--image-pull-policy", "IfNotPresent", "-c", "reader", "--", "sh", "-c", "read line; echo read $line")
+			"--image-pull-policy", "IfNotPresent", "-c", "reader", "--", "sh", "-c", "read line; for i in 1 2 3 4 5; do echo read $line; sleep 1; done")
 		require.Equal(t, 0, code, "stdout %q stderr %q", out, e)
 		n.waitPod(t, "target", 60*time.Second, "reader running", ephemeralRunning("reader"))
 		out, e = kubectlInteractive(t, admin, "attached\n", "read attached", 60*time.Second, "attach", "-i", "target", "-c", "reader")
