@@ -13,7 +13,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 	"k8s.io/kube-proxy/config/v1alpha1"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -31,6 +33,21 @@ func TestDualStackLoop(t *testing.T) {
 	registerMetrics()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 3, 6, 0, 0, 0, time.UTC))
 	client := fake.NewClientset()
+	// The fake clientset has no resourceVersions: a change made before the
+	// Watcher's watch is registered never reaches it (a real API server replays it
+	// from the list's resourceVersion). Note when the Services watch is registered;
+	// the test deletes a Service only after that.
+	servicesWatched := make(chan struct{})
+	var watchedOnce sync.Once
+	client.PrependWatchReactor("services", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		var opts metav1.ListOptions
+		if wa, ok := a.(k8stesting.WatchActionImpl); ok {
+			opts = wa.ListOptions
+		}
+		w, err := client.Tracker().Watch(a.GetResource(), a.GetNamespace(), opts)
+		watchedOnce.Do(func() { close(servicesWatched) })
+		return true, w, err
+	})
 	done := make(chan error, 20)
 	v4 := &notifyingSyncer{Fake: &rulestest.Fake{Family: rules.IPv4}, done: done}
 	v6 := &notifyingSyncer{Fake: &rulestest.Fake{Family: rules.IPv6}, done: done}
@@ -71,6 +88,11 @@ func TestDualStackLoop(t *testing.T) {
 	go func() { defer wg.Done(); _ = px.Run(ctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	<-w.Synced()
+	select {
+	case <-servicesWatched:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Watcher never watched Services")
+	}
 	px.OnSynced()
 	wait := func() error {
 		t.Helper()
