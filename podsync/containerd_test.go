@@ -461,7 +461,18 @@ func TestContainerdCrashLoopWithSidecar(t *testing.T) {
 	}
 	assert.Contains(t, strings.Join(events.WithFields(), "\n"), "spec.containers{app}: Warning BackOff Back-off restarting failed container app in pod crashy_nodekit-test(uid-podsync-crashy)")
 
-	require.NoError(t, syncer.KillPod(ctx, pod, nil, nil).Error())
+	// The app may be exiting (it crashes every second) as it is stopped, and
+	// containerd 1.6 can then fail StopContainer with "ttrpc: closed" as the shim goes
+	// (seen once in CI). The kubelet retries a failed kill at its next sync; so does
+	// the test, a bounded number of times.
+	var killErr error
+	for range 3 {
+		if killErr = syncer.KillPod(ctx, pod, nil, nil).Error(); killErr == nil {
+			break
+		}
+		t.Logf("KillPod failed, trying again as the next sync would: %v", killErr)
+	}
+	require.NoError(t, killErr)
 	st := syncer.PodStatus(pod, mustView(t, rt, pod), podsync.StatusInput{Terminal: true})
 	require.NotNil(t, st.InitContainerStatuses[0].State.Terminated)
 	assert.EqualValues(t, 0, st.InitContainerStatuses[0].State.Terminated.ExitCode, "the sidecar got SIGTERM and exited cleanly")
