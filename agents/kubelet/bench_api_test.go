@@ -101,7 +101,8 @@ func startBenchNode(t testing.TB, cp *controlplane.ControlPlane, egress *addrEgr
 		}
 	})
 	n.dir = dir
-	cp.WriteNodeKubeconfig(t, filepath.Join(dir, "kubeconfig"), name, "https://"+fwd)
+	n.apiURL = "https://" + fwd
+	cp.WriteNodeKubeconfig(t, filepath.Join(dir, "kubeconfig"), name, n.apiURL)
 	cfg := nodeConfig + fmt.Sprintf("podLogsDir: %s\nstaticPodPath: %s\ncgroupRoot: %s\ncontainerLogMaxSize: 200Mi\nauthentication:\n  x509:\n    clientCAFile: %s\n",
 		filepath.Join(dir, "logs"), filepath.Join(dir, "manifests"), n.cgroupRoot, cp.CAFile())
 	if upstream {

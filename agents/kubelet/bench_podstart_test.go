@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -227,6 +228,35 @@ func kubeletPID(t *testing.T, n *testNode) int {
 	return pid
 }
 
+// startFloor builds the measuring program at pkg (internal/floor or
+// internal/floor/bare) and runs it in n's network namespace as node name, on n's
+// containerd and API path, serving on port: the least a kubelet on those libraries
+// holds in memory with no pod (see internal/floor's doc).
+func startFloor(t *testing.T, cp *controlplane.ControlPlane, n *testNode, pkg, name string, port int) *testenv.Process {
+	t.Helper()
+	bin := filepath.Join(n.dir, name)
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	require.NoError(t, err, "build %s: %s", pkg, out)
+	kubeconfig := filepath.Join(n.dir, name+".kubeconfig")
+	cp.WriteNodeKubeconfig(t, kubeconfig, name, n.apiURL)
+	p, err := testenv.StartProcess(name, filepath.Join(n.dir, name+".log"), nil, testenv.LookPath(t, "nsenter"),
+		"--net="+n.env.Node.Path(), bin, "--kubeconfig="+kubeconfig, "--hostname-override="+name,
+		"--container-runtime-endpoint="+n.ctd.Endpoint(), "--client-ca-file="+cp.CAFile(), "--port="+strconv.Itoa(port), "-v="+verbosity())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		p.Stop(10 * time.Second)
+		if t.Failed() {
+			t.Logf("--- %s log tail ---\n%s", name, p.Tail(4000))
+		}
+	})
+	// Registered, watching and serving: its Lease exists.
+	require.Eventually(t, func() bool {
+		_, err := cp.AdminClient().CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(context.Background(), name, metav1.GetOptions{})
+		return err == nil
+	}, 60*time.Second, 200*time.Millisecond, "the Lease of %s; log:\n%s", name, p.Tail(4000))
+	return p
+}
+
 func pausePod(name, node, image string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
@@ -250,8 +280,14 @@ func pausePod(name, node, image string) *corev1.Pod {
 // Then both nodes get 30 pods and later 110 (maxPods): each kubelet's CPU seconds
 // over an idle window and its RSS (VmRSS, VmHWM) are read from /proc.
 //
+// Two measuring programs, internal/floor and internal/floor/bare, run with no pod
+// beside the kubelets through the idle windows: the least a kubelet on the same
+// libraries holds in memory, and the same work on client-go's REST client alone.
+//
 // NODEKIT_BENCH_ROUNDS (default 15) sets the 1-pod rounds; 30-pod rounds are a fifth
-// of it (at least 2); NODEKIT_BENCH_IDLE (default 60s) the idle window.
+// of it (at least 2); NODEKIT_BENCH_IDLE (default 60s) the idle window;
+// NODEKIT_BENCH_RESIDENT_DIR, if set, receives hack/resident-sections.py --packages
+// for every process at each idle step.
 func TestPodStartBench(t *testing.T) {
 	if os.Getenv("NODEKIT_BENCH_POD_START") != "1" {
 		t.Skip("set NODEKIT_BENCH_POD_START=1 to run the pod start and density benchmark")
@@ -396,6 +432,15 @@ func TestPodStartBench(t *testing.T) {
 	for _, n := range nodes {
 		pids[n.name] = kubeletPID(t, n)
 	}
+	// The floors run with no pod through every step; they are sampled beside the
+	// kubelets so their RSS can be read against the libraries' own: "floor" on the
+	// clientset and k8s.io/apiserver as both kubelets are, "bare" on client-go's
+	// REST client alone.
+	floors := []*testenv.Process{
+		startFloor(t, cp, nodes[0], "./internal/floor", "floor", 10260),
+		startFloor(t, cp, nodes[0], "./internal/floor/bare", "bare", 10261),
+	}
+	floorNames := []string{"floor", "bare"}
 	have := 0
 	for _, target := range []int{0, 30, 110} {
 		var uids []string
@@ -421,15 +466,45 @@ func TestPodStartBench(t *testing.T) {
 		for _, n := range nodes {
 			before[n.name] = sampleProc(t, pids[n.name])
 		}
+		floorBefore := make([]procSample, len(floors))
+		for i, f := range floors {
+			floorBefore[i] = sampleProc(t, f.Cmd.Process.Pid)
+		}
 		loadBefore := loadAvg(t)
 		time.Sleep(idle)
 		after := map[string]procSample{}
+		floorAfter := make([]procSample, len(floors))
+		for i, f := range floors {
+			floorAfter[i] = sampleProc(t, f.Cmd.Process.Pid)
+			select {
+			case <-f.Exited():
+				t.Fatalf("%s exited:\n%s", floorNames[i], f.Tail(4000))
+			default:
+			}
+		}
 		for _, n := range nodes {
 			after[n.name] = sampleProc(t, pids[n.name])
 			select {
 			case <-n.kubelet.Exited():
 				t.Fatalf("the %s kubelet exited:\n%s", n.name, n.kubelet.Tail(4000))
 			default:
+			}
+		}
+		if dir := os.Getenv("NODEKIT_BENCH_RESIDENT_DIR"); dir != "" {
+			// Which sections and packages of each binary are resident, for
+			// docs/benchmarks.md; a failure here is logged, not fatal.
+			procs := map[string]int{"nodekit": pids["nodekit"], "upstream": pids["upstream"]}
+			for i, f := range floors {
+				procs[floorNames[i]] = f.Cmd.Process.Pid
+			}
+			for name, pid := range procs {
+				out, err := exec.Command("python3", "../../hack/resident-sections.py", "--packages=40", strconv.Itoa(pid)).CombinedOutput()
+				if err == nil {
+					err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%dpods.txt", name, target)), out, 0o644)
+				}
+				if err != nil {
+					t.Logf("resident sections of %s: %v\n%s", name, err, out)
+				}
 			}
 		}
 		cpu := map[string]time.Duration{}
@@ -440,9 +515,17 @@ func TestPodStartBench(t *testing.T) {
 				target, n.name, cpu[n.name].Seconds(), a.at.Sub(b.at).Round(time.Second),
 				100*cpu[n.name].Seconds()/a.at.Sub(b.at).Seconds(), float64(a.rss)/(1<<20), float64(a.anon)/(1<<20), float64(a.file)/(1<<20), float64(a.hwm)/(1<<20), a.threads)
 		}
-		t.Logf("idle with %3d pods: load %s -> %s; nodekit/upstream CPU %.2f, VmRSS %.2f (anon %.2f)", target, loadBefore, loadAvg(t),
+		for i := range floors {
+			fa, fb := floorAfter[i], floorBefore[i]
+			t.Logf("idle, %-5s (no pod): CPU %.2f s, VmRSS %.1f MiB (anon %.1f, file %.1f), VmHWM %.1f MiB, %d threads", floorNames[i],
+				(fa.cpu - fb.cpu).Seconds(), float64(fa.rss)/(1<<20), float64(fa.anon)/(1<<20), float64(fa.file)/(1<<20), float64(fa.hwm)/(1<<20), fa.threads)
+		}
+		fa := floorAfter[0]
+		t.Logf("idle with %3d pods: load %s -> %s; nodekit/upstream CPU %.2f, VmRSS %.2f (anon %.2f); floor/upstream VmRSS %.2f; nodekit above the floor %.1f MiB, upstream %.1f MiB",
+			target, loadBefore, loadAvg(t),
 			cpu["nodekit"].Seconds()/cpu["upstream"].Seconds(), float64(after["nodekit"].rss)/float64(after["upstream"].rss),
-			float64(after["nodekit"].anon)/float64(after["upstream"].anon))
+			float64(after["nodekit"].anon)/float64(after["upstream"].anon), float64(fa.rss)/float64(after["upstream"].rss),
+			float64(after["nodekit"].rss-fa.rss)/(1<<20), float64(after["upstream"].rss-fa.rss)/(1<<20))
 	}
 }
 

@@ -81,6 +81,9 @@ type testNode struct {
 	// cgroupRoot is the node's own cgroupRoot, so nodes never share a kubepods
 	// tree (each kubelet removes pod cgroups it does not know).
 	cgroupRoot string
+	// apiURL is the API server as seen from the node's namespace (set by
+	// startBenchNode).
+	apiURL string
 }
 
 // nodeConfig turns image garbage collection off (high threshold 100, no maximum
