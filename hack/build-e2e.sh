@@ -5,8 +5,8 @@
 #   agnhost    go build k8s.io/kubernetes/test/images/agnhost (static, for hack/build-e2e-images.sh)
 # Both build in the nested module upstream/e2e (same versions and replace lines as upstream/,
 # via upstream/gen-replace.sh), so upstream/go.sum, the peers' cache key, never changes.
-# CGO_ENABLED=0 and -trimpath as in hack/build-peers.sh, so the packages they share come out
-# of the same build cache.
+# CGO_ENABLED=0, -trimpath and the release tags as in hack/build-peers.sh (upstream builds
+# e2e.test with the same tags), so the packages they share come out of the same build cache.
 #
 # Prints the path of e2e.test on stdout (agnhost is beside it). Everything else goes to stderr.
 # NODEKIT_E2E_TEST, when set, is used as is and nothing is built.
@@ -20,6 +20,7 @@ fi
 
 k8s_version=v1.37.2
 minor=${k8s_version#v1.}; minor=${minor%%.*}
+tags=selinux,notest,grpcnotrace
 ldflags="-s -w"
 ldflags+=" -X k8s.io/component-base/version.gitVersion=${k8s_version}"
 ldflags+=" -X k8s.io/component-base/version.gitMajor=1"
@@ -32,7 +33,7 @@ mod=$root/upstream/e2e
 # decides the binaries), not go.mod's text, so tidying the small tools beside it in
 # upstream/e2e does not rebuild e2e.test.
 key=$( (cd "$mod" && go list -m -f '{{.Path}} {{.Version}}{{with .Replace}} => {{.Path}} {{.Version}}{{end}}' all &&
-  cat go.sum; echo "$ldflags"; go version) | sha256sum | cut -c1-16)
+  cat go.sum; echo "$ldflags $tags"; go version) | sha256sum | cut -c1-16)
 base=${XDG_CACHE_HOME:-$HOME/.cache}/nodekit/e2e
 cache=$base/${k8s_version}-${key}
 if [ -f "$cache/.complete" ]; then
@@ -61,8 +62,8 @@ start=$(date +%s)
 (
   cd "$mod"
   export CGO_ENABLED=0
-  go test -c -vet=off -trimpath -ldflags "$ldflags" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
-  go build -trimpath -ldflags "$ldflags" -o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost
+  go test -c -vet=off -trimpath -tags "$tags" -ldflags "$ldflags" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
+  go build -trimpath -tags "$tags" -ldflags "$ldflags" -o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost
 )
 "$tmp/e2e.test" --version >&2 || true
 touch "$tmp/.complete"
