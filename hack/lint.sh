@@ -31,4 +31,18 @@ done
 for mod in hack/coredns hack/aggregator hack/containerd; do
   (cd "$mod" && go mod tidy -diff) || { echo "lint: $mod: go.mod/go.sum not tidy (run go mod tidy)"; fail=1; }
 done
+
+# The agents are built with -tags grpcnotrace (hack/up.sh, the tests, docs/kubelet.md), as
+# upstream builds its release binaries. A reachable call of reflect's Method or MethodByName
+# with a computed name makes the linker keep every exported method of every type in the
+# binary: gRPC's golang.org/x/net/trace (html/template) did that to the kubelet, 93 MB
+# instead of 62. The linker's dependency dump marks such a call <ReflectMethod>.
+for agent in kubelet kube-proxy nodekit; do
+  calls=$(go build -tags grpcnotrace -ldflags=-dumpdep -o /dev/null "./agents/$agent" 2>&1 | grep -c '<ReflectMethod>' || true)
+  if [ "$calls" != 0 ]; then
+    echo "lint: agents/$agent links a reflect Method/MethodByName call, which keeps every unused method;"
+    echo "  see: go build -tags grpcnotrace -ldflags=-dumpdep -o /dev/null ./agents/$agent 2>&1 | grep '<ReflectMethod>'"
+    fail=1
+  fi
+done
 exit "$fail"

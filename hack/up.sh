@@ -47,6 +47,9 @@ for agent in kubelet kube-proxy; do
   fi
 done
 log "building ${pkgs[*]}"
-(cd "$root" && go build -o "$bin/" "${pkgs[@]}")
+# -tags grpcnotrace, as upstream builds its release binaries: without it gRPC links
+# golang.org/x/net/trace, whose templates call reflect's MethodByName, and the linker keeps
+# every exported method of every type (the kubelet comes out 93 MB instead of 62).
+(cd "$root" && go build -tags grpcnotrace -o "$bin/" "${pkgs[@]}")
 
 exec "$bin/nodekit" up "$@"

@@ -235,7 +235,7 @@ func kubeletPID(t *testing.T, n *testNode) int {
 func startFloor(t *testing.T, cp *controlplane.ControlPlane, n *testNode, pkg, name string, port int) *testenv.Process {
 	t.Helper()
 	bin := filepath.Join(n.dir, name)
-	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	out, err := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", bin, pkg).CombinedOutput()
 	require.NoError(t, err, "build %s: %s", pkg, out)
 	kubeconfig := filepath.Join(n.dir, name+".kubeconfig")
 	cp.WriteNodeKubeconfig(t, kubeconfig, name, n.apiURL)

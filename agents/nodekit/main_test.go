@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 	nodekitBin = filepath.Join(dir, "nodekit")
 	// -race: the binary under test runs goroutines side by side (the control plane and
 	// the nodes' runtimes start together); its races must fail the tests too.
-	out, err := exec.Command("go", "build", "-race", "-o", nodekitBin, ".").CombinedOutput()
+	out, err := exec.Command("go", "build", "-race", "-tags", "grpcnotrace", "-o", nodekitBin, ".").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "build nodekit: %v\n%s", err, out)
 		os.RemoveAll(dir)
