@@ -39,16 +39,19 @@ func (g *gcRecordingSyncer) SyncChanges(ctx context.Context, ch *rules.Changes) 
 	return g.Fake.SyncChanges(ctx, ch)
 }
 
-// TestFullSyncLowersGCTarget: a full sync writes under FullSyncGCPercent and the
-// previous target is back afterwards; a partial sync leaves the target alone.
+// TestFullSyncLowersGCTarget: a full sync writes under FullSyncGCPercent, the
+// previous target is back afterwards and the sync's memory is released once; a
+// partial sync leaves the target alone and releases nothing.
 func TestFullSyncLowersGCTarget(t *testing.T) {
 	registerMetrics()
 	defer debug.SetGCPercent(debug.SetGCPercent(40))
 	rec := &gcRecordingSyncer{Fake: &rulestest.Fake{}}
 	tracker := servicemap.NewTracker(servicemap.Config{Metrics: trackerMetrics{}})
+	var releasedAt []int
 	px := newProxier(proxierConfig{
 		Tracker: tracker, Syncer: rec, Clock: clocktesting.NewFakeClock(time.Date(2026, 12, 3, 6, 0, 0, 0, time.UTC)),
 		Node: servicemap.Node{Name: "n1"}, FullSyncGCPercent: 7,
+		ReleaseMemory: func() { releasedAt = append(releasedAt, gcPercent()) },
 	})
 	svc, es := web("10.244.1.10")
 	px.OnServiceAdd(svc)
@@ -58,6 +61,7 @@ func TestFullSyncLowersGCTarget(t *testing.T) {
 	require.NoError(t, px.syncOnce(ctx))
 	assert.Equal(t, []int{7}, rec.full, "the full sync writes under the lower target")
 	assert.Equal(t, 40, gcPercent(), "restored after the full sync")
+	assert.Equal(t, []int{40}, releasedAt, "memory released once, after the target is restored")
 
 	es2 := es.DeepCopy()
 	es2.ResourceVersion = "2"
@@ -66,4 +70,5 @@ func TestFullSyncLowersGCTarget(t *testing.T) {
 	require.NoError(t, px.syncOnce(ctx))
 	assert.Equal(t, []int{40}, rec.partial, "a partial sync keeps the target")
 	assert.Equal(t, 40, gcPercent())
+	assert.Len(t, releasedAt, 1, "a partial sync releases nothing")
 }
