@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,8 +150,15 @@ func TestExecProbe(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			// Only the cases about the timeout run with the 1 s one; the others get
+			// 10 s, so that a loaded machine (yes | head under a load of 90 once
+			// took over a second) does not turn a finished command into a timeout.
+			spec := execSpec(tc.cmd...)
+			if !strings.Contains(tc.name, "timeout") {
+				spec.TimeoutSeconds = 10
+			}
 			start := time.Now()
-			res, err := probe.Probe(context.Background(), execSpec(tc.cmd...), probe.Target{Container: container})
+			res, err := probe.Probe(context.Background(), spec, probe.Target{Container: container})
 			require.NoError(t, err)
 			assert.Equal(t, tc.kind, res.Kind)
 			if tc.message != "" {
@@ -158,7 +166,7 @@ func TestExecProbe(t *testing.T) {
 			}
 			assert.Contains(t, res.Message, tc.msgSub)
 			assert.LessOrEqual(t, len(res.Message), 10<<10)
-			assert.Less(t, time.Since(start), 2*time.Second)
+			assert.Less(t, time.Since(start), time.Duration(spec.TimeoutSeconds)*time.Second+time.Second)
 		})
 	}
 
