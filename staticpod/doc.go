@@ -91,7 +91,10 @@
 // and the NodeRestriction admission plugin), creates missing mirror pods, replaces
 // ones whose hash differs by deleting with a UID precondition and creating again
 // (mirror pods are never patched), deletes orphans, and treats AlreadyExists with
-// the same hash as success. Reconciler.Run follows a Watcher's events.
+// the same hash as success. Reconciler.Run follows a Watcher's events. Each pass
+// reads the Node and the node's pods from the API server (a GET and a LIST), unless
+// ReconcilerConfig.Cache answers them from informers the caller keeps anyway, as
+// nodekit's kubelet does; a cache that lags costs a request, never the outcome.
 //
 // # Concurrency and cancellation
 //

@@ -66,6 +66,53 @@ type ReconcilerConfig struct {
 	ResyncPeriod time.Duration
 	// Metrics counts API operations. Default: no-op.
 	Metrics Metrics
+	// Cache, when set, answers Sync's two reads (the Node, and the pods bound to
+	// it) from copies the caller already keeps, such as a kubelet's informers on
+	// its own Node and pods. Default: nil, and every Sync GETs the Node and LISTs
+	// the node's pods from the API server, which every ResyncPeriod is a load a
+	// kubelet with 110 pods should not put on it.
+	Cache Cache
+}
+
+// Cache is what Sync reads when ReconcilerConfig.Cache is set. Sync only reads
+// what it returns (objects from an informer's store may be shared). It may lag the
+// API server: a mirror pod it still shows after it was replaced, or does not show
+// yet after it was created, costs one more request in Sync (a delete that meets
+// Conflict or NotFound, a create that meets AlreadyExists and adopts the pod),
+// never a wrong outcome.
+type Cache interface {
+	// Node returns the Node named name, or an error for which apierrors.IsNotFound
+	// holds if it does not exist (yet).
+	Node(ctx context.Context, name string) (*corev1.Node, error)
+	// PodsOnNode returns the pods whose spec.nodeName is name.
+	PodsOnNode(ctx context.Context, name string) ([]*corev1.Pod, error)
+}
+
+// NewAPIServerCache returns the Cache a Reconciler without one reads: the API
+// server itself, a GET of the Node and a LIST of the node's pods (field selector
+// spec.nodeName) per call. A caller's own Cache can fall back to it while its
+// informers have not synced.
+func NewAPIServerCache(client kubernetes.Interface) Cache { return apiCache{client: client} }
+
+// apiCache is NewAPIServerCache's Cache.
+type apiCache struct{ client kubernetes.Interface }
+
+func (a apiCache) Node(ctx context.Context, name string) (*corev1.Node, error) {
+	return a.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+}
+
+func (a apiCache) PodsOnNode(ctx context.Context, name string) ([]*corev1.Pod, error) {
+	list, err := a.client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", name).String(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*corev1.Pod, len(list.Items))
+	for i := range list.Items {
+		out[i] = &list.Items[i]
+	}
+	return out, nil
 }
 
 // Reconciler makes the API server's mirror pods match a node's static pods.
@@ -93,6 +140,9 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = noopMetrics{}
 	}
+	if cfg.Cache == nil {
+		cfg.Cache = apiCache{client: cfg.Client}
+	}
 	return &Reconciler{cfg: cfg}, nil
 }
 
@@ -112,20 +162,16 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 // keeps the API error inside for apierrors checks.
 func (r *Reconciler) Sync(ctx context.Context, pods []*corev1.Pod) error {
 	log := logr.FromContextOrDiscard(ctx)
-	c := r.cfg.Client.CoreV1()
-	node, err := c.Nodes().Get(ctx, r.cfg.NodeName, metav1.GetOptions{})
+	node, err := r.cfg.Cache.Node(ctx, r.cfg.NodeName)
 	if err != nil {
 		return fmt.Errorf("%w: get node %s: %w", ErrMirrorPod, r.cfg.NodeName, err)
 	}
-	list, err := c.Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", r.cfg.NodeName).String(),
-	})
+	onNode, err := r.cfg.Cache.PodsOnNode(ctx, r.cfg.NodeName)
 	if err != nil {
 		return fmt.Errorf("%w: list pods of node %s: %w", ErrMirrorPod, r.cfg.NodeName, err)
 	}
 	existing := map[types.NamespacedName]*corev1.Pod{}
-	for i := range list.Items {
-		p := &list.Items[i]
+	for _, p := range onNode {
 		existing[types.NamespacedName{Namespace: p.Namespace, Name: p.Name}] = p
 	}
 

@@ -138,6 +138,54 @@ func TestMirrorPodsRealControlPlane(t *testing.T) {
 		}
 	})
 
+	t.Run("a cache that lags costs requests, never the outcome", func(t *testing.T) {
+		before := mirrors()
+		require.NotEmpty(t, before)
+		apiNode, err := admin.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		require.NoError(t, err)
+		// Stale copies: every mirror pod with another UID and an old hash (replaced
+		// since), and one whose static pod and mirror pod are both gone.
+		var stale []*corev1.Pod
+		for _, m := range before {
+			c := m.DeepCopy()
+			c.UID = types.UID("11111111-1111-1111-1111-" + strings.Repeat("1", 12))
+			c.Annotations[staticpod.AnnotationConfigMirror] = "an-old-hash"
+			stale = append(stale, c)
+		}
+		first := before[w.Pods()[0].Name]
+		gone := first.DeepCopy()
+		gone.Name, gone.UID = "gone-"+nodeName, types.UID("22222222-2222-2222-2222-222222222222")
+		stale = append(stale, gone)
+
+		for _, tc := range []struct {
+			name string
+			pods []*corev1.Pod
+		}{
+			{"has not seen the mirror pods yet", nil},
+			{"still shows replaced and deleted mirror pods", stale},
+		} {
+			cache := &fixedCache{node: apiNode, pods: tc.pods}
+			r3, err := staticpod.NewReconciler(staticpod.ReconcilerConfig{Client: cp.NodeClient(nodeName), NodeName: nodeName, Cache: cache})
+			require.NoError(t, err)
+			require.NoError(t, r3.Sync(ctx, w.Pods()), tc.name)
+			assert.Equal(t, 1, cache.nodeReads, tc.name)
+			assert.Equal(t, 1, cache.podReads, tc.name)
+			after := mirrors()
+			assert.Len(t, after, len(before), tc.name)
+			for name, m := range after {
+				assert.Equal(t, before[name].UID, m.UID, "%s: %s kept", tc.name, name)
+			}
+		}
+
+		// A Node the cache has not seen is an error naming it; nothing is touched.
+		r4, err := staticpod.NewReconciler(staticpod.ReconcilerConfig{Client: cp.NodeClient(nodeName), NodeName: nodeName, Cache: &fixedCache{}})
+		require.NoError(t, err)
+		err = r4.Sync(ctx, w.Pods())
+		require.ErrorIs(t, err, staticpod.ErrMirrorPod)
+		assert.True(t, apierrors.IsNotFound(err), "got %v", err)
+		assert.Contains(t, err.Error(), nodeName)
+	})
+
 	t.Run("the API server's rules the reconciler relies on", func(t *testing.T) {
 		nodeClient := cp.NodeClient(nodeName)
 		static := w.Pods()[0]
@@ -183,4 +231,24 @@ func TestMirrorPodsRealControlPlane(t *testing.T) {
 			return ok && m.UID != before.UID
 		}, 30*time.Second, 100*time.Millisecond)
 	})
+}
+
+// fixedCache is a staticpod.Cache frozen at what it was given, counting its reads.
+type fixedCache struct {
+	node                *corev1.Node
+	pods                []*corev1.Pod
+	nodeReads, podReads int
+}
+
+func (c *fixedCache) Node(_ context.Context, name string) (*corev1.Node, error) {
+	c.nodeReads++
+	if c.node == nil {
+		return nil, apierrors.NewNotFound(corev1.Resource("nodes"), name)
+	}
+	return c.node, nil
+}
+
+func (c *fixedCache) PodsOnNode(context.Context, string) ([]*corev1.Pod, error) {
+	c.podReads++
+	return c.pods, nil
 }

@@ -425,6 +425,43 @@ func (m *podManager) watchAPI(ctx context.Context) {
 	<-stopped
 }
 
+// mirrorCache answers the mirror pod reconciler's reads from the kubelet's own
+// informers, on its Node and on the pods bound to it, as the kubelet's pod manager
+// knows its mirror pods from its pod source; without it the reconciler would GET
+// the Node and LIST the node's pods from the API server every 10 s. Until an
+// informer has synced, that read goes to the API server.
+type mirrorCache struct {
+	m   *podManager
+	api staticpod.Cache
+}
+
+func (c mirrorCache) Node(ctx context.Context, name string) (*corev1.Node, error) {
+	if n := c.m.cfg.node; n != nil && n.nodes != nil && name == n.name && n.nodeHasSynced() {
+		return n.nodes.Get(name)
+	}
+	return c.api.Node(ctx, name)
+}
+
+func (c mirrorCache) PodsOnNode(ctx context.Context, name string) ([]*corev1.Pod, error) {
+	c.m.mu.Lock()
+	synced := c.m.apiSynced
+	c.m.mu.Unlock()
+	c.m.status.mu.Lock()
+	st := c.m.status.store
+	c.m.status.mu.Unlock()
+	if !synced || st == nil || name != c.m.cfg.nodeName {
+		return c.api.PodsOnNode(ctx, name)
+	}
+	objs := st.List()
+	out := make([]*corev1.Pod, 0, len(objs))
+	for _, o := range objs {
+		if p, ok := o.(*corev1.Pod); ok {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
 func isMirror(p *corev1.Pod) bool {
 	_, ok := p.Annotations[staticpod.AnnotationConfigMirror]
 	return ok
@@ -453,7 +490,10 @@ func (m *podManager) watchStatic(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	if m.cfg.client != nil {
-		r, err := staticpod.NewReconciler(staticpod.ReconcilerConfig{Client: m.cfg.client, NodeName: m.cfg.nodeName})
+		r, err := staticpod.NewReconciler(staticpod.ReconcilerConfig{
+			Client: m.cfg.client, NodeName: m.cfg.nodeName,
+			Cache: mirrorCache{m: m, api: staticpod.NewAPIServerCache(m.cfg.client)},
+		})
 		if err == nil {
 			mirrorEvents = make(chan staticpod.Event, 16)
 			wg.Add(1)
