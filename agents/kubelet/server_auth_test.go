@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"io"
 	"math/big"
 	"net/http"
@@ -24,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	authorizationcel "k8s.io/apiserver/pkg/authorization/cel"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
@@ -273,4 +275,11 @@ func TestServerAuthConfigErrors(t *testing.T) {
 	cfg.Authorization.Mode = ""
 	_, err = buildAuth(nil, cfg)
 	assert.EqualError(t, err, "no authorization mode specified")
+}
+
+func TestNoMatchConditionsCompilesNothing(t *testing.T) {
+	_, err := noMatchConditions{}.CompileCELExpression(&authorizationcel.SubjectAccessReviewMatchCondition{Expression: "request.user == 'x'"})
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, errNoMatchConditions))
+	assert.Contains(t, err.Error(), `"request.user == 'x'"`, "the error names the expression")
 }

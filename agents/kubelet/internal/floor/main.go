@@ -23,6 +23,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -38,6 +39,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticatorfactory"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
+	authorizationcel "k8s.io/apiserver/pkg/authorization/cel"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -158,6 +160,9 @@ func serve(ctx context.Context, o idle.Options, client kubernetes.Interface) err
 		AllowCacheTTL:             5 * time.Minute,
 		DenyCacheTTL:              30 * time.Second,
 		WebhookRetryBackoff:       authnConfig.WebhookRetryBackoff,
+		// As nodekit's kubelet: the delegating authorizer has no match conditions,
+		// so no CEL environment is built for them.
+		Compiler: noCEL{},
 	}.New()
 	if err != nil {
 		return err
@@ -183,4 +188,11 @@ func serve(ctx context.Context, o idle.Options, client kubernetes.Interface) err
 		mux.ServeHTTP(w, r)
 	})
 	return idle.Serve(ctx, o.Node, o.Port, guarded)
+}
+
+// noCEL compiles nothing: the delegating authorizer never has match conditions.
+type noCEL struct{}
+
+func (noCEL) CompileCELExpression(authorizationcel.ExpressionAccessor) (authorizationcel.CompilationResult, error) {
+	return authorizationcel.CompilationResult{}, errors.New("floor: no match conditions")
 }
