@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -47,6 +48,11 @@ func Main(name string, run func(context.Context, Options) error) {
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
+	}
+	if os.Getenv("GOGC") == "" {
+		// The garbage collector's target of nodekit's kubelet (its defaultGCPercent),
+		// so that a floor is measured on the same footing as the kubelet above it.
+		debug.SetGCPercent(50)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	err := check(o)
