@@ -119,6 +119,7 @@ func startBenchNode(t testing.TB, cp *controlplane.ControlPlane, egress *addrEgr
 	if upstream {
 		bin = testenv.PeerBinary(t, "kubelet")
 	}
+	coldStart(t, bin)
 	kargs := []string{
 		"--net=" + n.env.Node.Path(), bin,
 		"--config=" + filepath.Join(dir, "config.yaml"),
@@ -144,7 +145,10 @@ func startBenchNode(t testing.TB, cp *controlplane.ControlPlane, egress *addrEgr
 		args := append([]string{"-m", "--propagation", "private", "sh", "-c", script, "sh", testenv.LookPath(t, "nsenter")}, kargs...)
 		p, err = testenv.StartProcess("kubelet-upstream", filepath.Join(dir, "kubelet.log"), nil, testenv.LookPath(t, "unshare"), args...)
 	} else {
-		p, err = testenv.StartProcess("kubelet", filepath.Join(dir, "kubelet.log"), nil, testenv.LookPath(t, "nsenter"), kargs...)
+		// NODEKIT_BENCH_NODEKIT_ENV adds to nodekit's kubelet's environment only
+		// (say "GOGC=100 GODEBUG=gctrace=1"), to compare runtime settings.
+		env := strings.Fields(os.Getenv("NODEKIT_BENCH_NODEKIT_ENV"))
+		p, err = testenv.StartProcess("kubelet", filepath.Join(dir, "kubelet.log"), env, testenv.LookPath(t, "nsenter"), kargs...)
 	}
 	require.NoError(t, err)
 	n.kubelet = p

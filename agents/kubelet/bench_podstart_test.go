@@ -11,8 +11,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
@@ -228,6 +230,37 @@ func kubeletPID(t *testing.T, n *testNode) int {
 	return pid
 }
 
+// coldStart drops path's pages from the page cache (written back first), so that
+// every measured binary is started as after a reboot: read in by its own page faults.
+// A binary left in the cache as the linker wrote it is held in large folios, which
+// fault-around maps whole, so the same code reads as more resident than in a binary
+// read from disk (the upstream kubelet, built long before, always was); the RSS of
+// each side would depend on how its file got into the cache. Pages another process
+// still maps stay; the fraction left is logged.
+func coldStart(t testing.TB, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	fd := int(f.Fd())
+	require.NoError(t, unix.Fsync(fd), "fsync %s", path)
+	require.NoError(t, unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED), "fadvise %s", path)
+	st, err := f.Stat()
+	require.NoError(t, err)
+	m, err := unix.Mmap(fd, 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer func() { _ = unix.Munmap(m) }()
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Fatalf("mincore %s: %v", path, errno)
+	}
+	cached := 0
+	for _, v := range vec {
+		cached += int(v & 1)
+	}
+	t.Logf("%s: %.1f%% left in the page cache before its start", path, 100*float64(cached)/float64(len(vec)))
+}
+
 // startFloor builds the measuring program at pkg (internal/floor or
 // internal/floor/bare) and runs it in n's network namespace as node name, on n's
 // containerd and API path, serving on port: the least a kubelet on those libraries
@@ -237,6 +270,7 @@ func startFloor(t *testing.T, cp *controlplane.ControlPlane, n *testNode, pkg, n
 	bin := filepath.Join(n.dir, name)
 	out, err := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", bin, pkg).CombinedOutput()
 	require.NoError(t, err, "build %s: %s", pkg, out)
+	coldStart(t, bin)
 	kubeconfig := filepath.Join(n.dir, name+".kubeconfig")
 	cp.WriteNodeKubeconfig(t, kubeconfig, name, n.apiURL)
 	p, err := testenv.StartProcess(name, filepath.Join(n.dir, name+".log"), nil, testenv.LookPath(t, "nsenter"),
@@ -514,6 +548,16 @@ func TestPodStartBench(t *testing.T) {
 			t.Logf("idle with %3d pods, %-8s: CPU %.2f s over %s (%.2f%% of a core), VmRSS %.1f MiB (anon %.1f, file %.1f), VmHWM %.1f MiB, %d threads",
 				target, n.name, cpu[n.name].Seconds(), a.at.Sub(b.at).Round(time.Second),
 				100*cpu[n.name].Seconds()/a.at.Sub(b.at).Seconds(), float64(a.rss)/(1<<20), float64(a.anon)/(1<<20), float64(a.file)/(1<<20), float64(a.hwm)/(1<<20), a.threads)
+		}
+		if strings.Contains(os.Getenv("NODEKIT_BENCH_NODEKIT_ENV"), "gctrace=1") {
+			// The collector's last line: live heap and goal, for comparing GC settings.
+			lines := strings.Split(nodes[0].kubelet.Tail(200000), "\n")
+			for i := len(lines) - 1; i >= 0; i-- {
+				if strings.HasPrefix(lines[i], "gc ") {
+					t.Logf("idle with %3d pods, nodekit's last GC: %s", target, lines[i])
+					break
+				}
+			}
 		}
 		for i := range floors {
 			fa, fb := floorAfter[i], floorBefore[i]
